@@ -1,0 +1,47 @@
+"""lordo_jax: LoRDO, distributed low-rank optimization with infrequent communication.
+
+The public API. Every name here is documented with its math; see README.md for a
+table and SPEC.md for the mathematics.
+"""
+
+from lordo_jax.accounting import all_reduce_count
+from lordo_jax.accounting import communicated_bytes
+from lordo_jax.accounting import communicated_elements
+from lordo_jax.accounting import projections
+from lordo_jax.aliases import lordo
+from lordo_jax.collectives import Ledger
+from lordo_jax.collectives import counted_pmean
+from lordo_jax.low_rank import LowRankAdam
+from lordo_jax.low_rank import LowRankAdamState
+from lordo_jax.low_rank import LowRankMoments
+from lordo_jax.low_rank import scale_by_low_rank_adam
+from lordo_jax.projection import DCTBasis
+from lordo_jax.projection import compute_projection
+from lordo_jax.projection import principal_angles
+from lordo_jax.quasi_hyperbolic import quasi_hyperbolic_mix
+from lordo_jax.routing import MatrixAxes
+from lordo_jax.sync import SynchronizeState
+from lordo_jax.sync import synchronize
+
+__version__ = "0.1.0"
+
+__all__ = [
+  "DCTBasis",
+  "Ledger",
+  "LowRankAdam",
+  "LowRankAdamState",
+  "LowRankMoments",
+  "MatrixAxes",
+  "SynchronizeState",
+  "all_reduce_count",
+  "communicated_bytes",
+  "communicated_elements",
+  "compute_projection",
+  "counted_pmean",
+  "lordo",
+  "principal_angles",
+  "projections",
+  "quasi_hyperbolic_mix",
+  "scale_by_low_rank_adam",
+  "synchronize",
+]

@@ -1,0 +1,73 @@
+"""What an optimizer state says about a run: bytes sent, current bases.
+
+These read a state on the host (outside ``jit``) and return Python values a user can
+log. A state stacked over workers (a leading worker axis, as ``pmap`` and
+``shard_map`` outputs are) is read from worker 0; the ledgers of all workers agree.
+"""
+
+from typing import Any
+
+import jax
+import numpy as np
+import optax
+
+from lordo_jax import collectives
+from lordo_jax import low_rank as low_rank_lib
+from lordo_jax import projection as projection_lib
+
+
+def _ledgers(state: Any) -> list[collectives.Ledger]:
+  is_ledger = lambda x: isinstance(x, collectives.Ledger)  # noqa: E731
+  return [x for x in jax.tree.leaves(state, is_leaf=is_ledger) if is_ledger(x)]
+
+
+def communicated_elements(state: Any) -> int:
+  """Elements all-reduced per worker since ``init``, summed over every ledger.
+
+  This is the payload of each all-reduce, before any algorithm's factor: a ring
+  all-reduce moves ``2 (M - 1) / M`` times it over each worker's link.
+  """
+  return sum(collectives.ledger_total(ledger)[0] for ledger in _ledgers(state))
+
+
+def communicated_bytes(state: Any) -> int:
+  """Bytes all-reduced per worker since ``init`` (see :func:`communicated_elements`).
+
+  Examples:
+    >>> import jax.numpy as jnp, lordo_jax
+    >>> tx = lordo_jax.lordo(1e-2, rank=2, sync_every=4)
+    >>> lordo_jax.communicated_bytes(tx.init({"w": jnp.ones((8, 8))}))
+    0
+  """
+  return sum(collectives.ledger_total(ledger)[1] for ledger in _ledgers(state))
+
+
+def all_reduce_count(state: Any) -> int:
+  """Number of all-reduce calls since ``init``, summed over every ledger."""
+  return sum(int(np.asarray(ledger.all_reduces).reshape(-1)[0]) for ledger in _ledgers(state))
+
+
+def projections(state: Any) -> Any:
+  """The current float32 basis Q of every low-rank matrix, in a tree like params.
+
+  Left case: ``p x r``; right case: ``q x r``; leaves that are not low-rank are
+  ``None``. A state stacked over workers gives stacked bases.
+  """
+  is_node = lambda x: isinstance(x, low_rank_lib.LowRankAdamState)  # noqa: E731
+  nodes = [x for x in jax.tree.leaves(state, is_leaf=is_node) if is_node(x)]
+  if not nodes:
+    raise ValueError("projections: this state holds no low-rank matrices.")
+
+  def matrix(m):
+    if isinstance(m, optax.MaskedNode):
+      return None
+    basis = m.basis
+    if isinstance(basis, projection_lib.DCTBasis):
+      columns = lambda i: projection_lib.dct_columns(i, basis.size)  # noqa: E731
+      for _ in range(basis.indices.ndim - 1):
+        columns = jax.vmap(columns)
+      return columns(basis.indices)
+    return basis
+
+  is_entry = lambda x: isinstance(x, (low_rank_lib.LowRankMoments, optax.MaskedNode))  # noqa: E731
+  return jax.tree.map(matrix, nodes[0].moments, is_leaf=is_entry)

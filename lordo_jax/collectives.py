@@ -1,0 +1,117 @@
+r"""The one counted all-reduce: every message LoRDO sends goes through here.
+
+Each communicating transformation keeps a :class:`Ledger` in its state. A mean over
+the workers is only ever taken by :func:`counted_pmean`, which adds the payload of the
+all-reduce (elements and bytes per worker, before any algorithm's factor such as the
+ring all-reduce's :math:`2(M-1)/M`) to that ledger. Communication therefore cannot
+happen uncounted, and the count is exactly what the compiled program all-reduces.
+
+Counters are exact integers held as two int32 limbs (``low + high * 2**20``), so a
+run can count up to :math:`2^{51}` elements without enabling 64-bit JAX.
+"""
+
+from typing import Any
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+_LIMB_BITS = 20
+_LIMB = 1 << _LIMB_BITS
+
+
+class Ledger(NamedTuple):
+  """Communication sent by one transformation since ``init``, per worker."""
+
+  elements: jax.Array  # int32[2]: (low, high) limbs of the all-reduced elements.
+  bytes: jax.Array  # int32[2]: (low, high) limbs of the all-reduced bytes.
+  all_reduces: jax.Array  # int32 scalar: the number of all-reduce calls.
+
+
+def init_ledger() -> Ledger:
+  """An empty ledger."""
+  zeros = jnp.zeros([2], jnp.int32)
+  return Ledger(elements=zeros, bytes=zeros, all_reduces=jnp.zeros([], jnp.int32))
+
+
+def _add_static(limbs: jax.Array, amount: int) -> jax.Array:
+  """Adds a Python int to a (low, high) limb pair, with carry."""
+  low = limbs[0] + (amount % _LIMB)
+  high = limbs[1] + (amount // _LIMB) + (low >> _LIMB_BITS)
+  return jnp.stack([low & (_LIMB - 1), high]).astype(jnp.int32)
+
+
+def payload_size(tree: Any) -> tuple[int, int]:
+  """The (elements, bytes) of one all-reduce of ``tree``, known at trace time."""
+  leaves = jax.tree.leaves(tree)
+  elements = sum(int(x.size) for x in leaves)
+  nbytes = sum(int(x.size) * jnp.dtype(x.dtype).itemsize for x in leaves)
+  return elements, nbytes
+
+
+def record(ledger: Ledger, tree: Any) -> Ledger:
+  """The ledger after one all-reduce of ``tree``."""
+  elements, nbytes = payload_size(tree)
+  return Ledger(
+    elements=_add_static(ledger.elements, elements),
+    bytes=_add_static(ledger.bytes, nbytes),
+    all_reduces=ledger.all_reduces + 1,
+  )
+
+
+def check_axis_bound(axis_name: str | None, who: str) -> None:
+  """Raises a clear error when ``axis_name`` is not bound by the caller.
+
+  Call it at trace time, in ``update``. ``axis_name=None`` is always accepted.
+  """
+  if axis_name is None:
+    return
+  try:
+    jax.lax.axis_index(axis_name)
+  except NameError as error:
+    raise ValueError(
+      f"{who}: axis_name={axis_name!r} is not bound here. Call update() inside "
+      f"jax.shard_map over a mesh with an axis named {axis_name!r}, or inside "
+      f"jax.pmap(..., axis_name={axis_name!r}); or pass axis_name=None for a "
+      "single worker."
+    ) from error
+
+
+def counted_pmean(tree: Any, ledger: Ledger, axis_name: str | None):
+  r"""Mean of ``tree`` over the workers of ``axis_name``, counted in ``ledger``.
+
+  .. math::
+    \bar x = \frac{1}{M} \sum_{m=1}^{M} x_m
+
+  With ``axis_name=None`` there is one worker: the mean is the identity and nothing is
+  counted, since nothing is sent. Under ``jax.shard_map`` with ``check_vma=True`` the
+  result is cast back to varying over ``axis_name``, so it can leave a ``lax.cond``
+  branch whose other branch returns per-worker values; under ``jax.pmap`` the cast is
+  a no-op.
+
+  Args:
+    tree: a pytree of arrays, the same structure on every worker.
+    ledger: the caller's ledger.
+    axis_name: the worker axis, or ``None``.
+
+  Returns:
+    ``(mean, ledger)``.
+  """
+  if axis_name is None or not jax.tree.leaves(tree):
+    return tree, ledger
+  mean = jax.lax.pmean(tree, axis_name)
+  mean = jax.tree.map(lambda x: jax.lax.pcast(x, axis_name, to="varying"), mean)
+  return mean, record(ledger, tree)
+
+
+def ledger_total(ledger: Ledger) -> tuple[int, int]:
+  """(elements, bytes) of one ledger, as exact Python ints (host side)."""
+  elements, nbytes = jax.device_get((ledger.elements, ledger.bytes))
+  return _limbs_value(elements), _limbs_value(nbytes)
+
+
+def _limbs_value(limbs) -> int:
+  """The integer a limb pair holds; for a stack of per-worker pairs, worker 0's."""
+  low, high = np.asarray(limbs).reshape(-1, 2)[0]
+  return int(low) + int(high) * _LIMB

@@ -1,0 +1,351 @@
+r"""Low-rank Adam: moments kept in an r-dimensional subspace of each matrix.
+
+The local step of SPEC section 3, for one ``p x q`` matrix in its oriented frame
+(the left case; the right case is the left case of the transpose):
+
+.. math::
+  A &= G + E, \qquad c = Q^\top A, \qquad E \leftarrow A - Q c \\
+  u &\leftarrow \beta_1 u + (1 - \beta_1) c, \qquad
+  v \leftarrow \beta_2 v + (1 - \beta_2) c^2 \\
+  D &= \sqrt{v / (1 - \beta_2^t)} + \epsilon, \qquad
+  L = Q \left(\frac{u / (1 - \beta_1^t)}{D}\right) \\
+  \text{direction} &= (1 - \omega) \frac{G}{\mu s} + \omega L
+
+The error buffer E exists only with ``error_feedback=True``. When the basis is
+refreshed, the moments are carried into the new one (``transport``, SPEC 4.6):
+
+* ``rotate`` (LDAdam): with :math:`R = Q_\text{new}^\top Q_\text{old}`,
+  :math:`u \leftarrow R u`, and the bias-corrected second moment becomes
+  :math:`|(R \odot R)\,\mathrm{var} + (R \hat m)^2|` with
+  :math:`\mathrm{var} = \max(\hat v - \hat m^2, 0)`;
+* ``keep`` (GaLore): the moments are reused as they are;
+* ``reset``: the moments restart from zero.
+
+This transformation never communicates. Who refreshes the basis is a choice:
+``refresh_every=T`` refreshes it from the gradient this transformation receives at
+steps 1, T + 1, 2T + 1, ... (GaLore; :func:`lordo_jax.low_rank_ddp`), while
+:func:`lordo_jax.synchronize` refreshes it from the averaged pseudo-gradient through
+:meth:`LowRankAdam.refresh` (LoRDO).
+"""
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from lordo_jax import projection as projection_lib
+from lordo_jax import routing
+from lordo_jax.quasi_hyperbolic import quasi_hyperbolic_mix
+
+TRANSPORTS = ("rotate", "keep", "reset")
+SIDES = ("auto", "left", "right")
+INIT_PROJECTIONS = ("gradient", "random", "external")
+
+
+class LowRankMoments(NamedTuple):
+  """Low-rank Adam state of one matrix, in its oriented (left-case) frame."""
+
+  basis: projection_lib.Basis  # Q, n x r float32, or the r DCT frequencies.
+  mu: jax.Array  # First moment u, r x q float32.
+  nu: jax.Array  # Second moment v, r x q float32.
+  error: jax.Array  # Error-feedback buffer E, n x q; shape (0,) when it is off.
+
+
+class LowRankAdamState(NamedTuple):
+  """State of :func:`scale_by_low_rank_adam`."""
+
+  count: jax.Array  # int32 scalar: steps taken.
+  moments: Any  # Like params: LowRankMoments per matrix, optax.MaskedNode elsewhere.
+  refresh_failures: jax.Array  # int32 scalar: refreshes that kept the old basis.
+
+
+class LowRankAdam(NamedTuple):
+  """An optax transformation with one extra entry point, :attr:`refresh`.
+
+  ``refresh(state, source, *, first=False)`` recomputes every matrix's basis from
+  the matching leaf of ``source`` (a tree like params) and transports the moments.
+  ``first=True`` marks a run's first basis: exact (SVD for ``subspace_iteration``)
+  and no transport, since the moments are still zero.
+  """
+
+  init: Callable
+  update: Callable
+  refresh: Callable
+
+
+@dataclasses.dataclass(frozen=True)
+class _Orientation:
+  """How one leaf is seen as the left-case matrix of SPEC section 2."""
+
+  axes: routing.MatrixAxes
+  shape: tuple[int, ...]
+  left: bool
+
+  def orient(self, x: jax.Array) -> jax.Array:
+    matrix = routing.to_matrix(x, self.axes)
+    return matrix if self.left else matrix.T
+
+  def restore(self, matrix: jax.Array) -> jax.Array:
+    return routing.from_matrix(matrix if self.left else matrix.T, self.axes, self.shape)
+
+  @property
+  def oriented_shape(self) -> tuple[int, int]:
+    p, q = routing.matrix_shape(self.shape, self.axes)
+    return (p, q) if self.left else (q, p)
+
+
+def orientation(shape: tuple[int, ...], axes: routing.MatrixAxes, side: str) -> _Orientation:
+  """The side of SPEC section 2: ``auto`` projects on the left when p >= q."""
+  p, q = routing.matrix_shape(shape, axes)
+  left = side == "left" or (side == "auto" and p >= q)
+  return _Orientation(axes, tuple(shape), left)
+
+
+def rotate_moments(mu, nu, new_basis, old_basis, count, b1, b2):
+  r"""LDAdam's moment transport into a new basis (SPEC section 4, step 6).
+
+  .. math::
+    R = Q_\text{new}^\top Q_\text{old}, \quad
+    \hat m = \frac{u}{1 - \beta_1^t}, \quad \hat v = \frac{v}{1 - \beta_2^t}, \quad
+    u' = R u, \quad
+    v' = (1 - \beta_2^t)\,\bigl|(R \odot R) \max(\hat v - \hat m^2, 0)
+      + (R \hat m)^2\bigr|
+  """
+  rotation = new_basis.T @ old_basis
+  first_correction = 1 - b1**count
+  second_correction = 1 - b2**count
+  mean = mu / first_correction
+  variance = jnp.maximum(nu / second_correction - mean**2, 0.0)
+  new_second = jnp.abs((rotation * rotation) @ variance + (rotation @ mean) ** 2)
+  return rotation @ mu, new_second * second_correction
+
+
+def map_matrices(fn, moments, *trees):
+  """``fn(moments_leaf, *leaves)`` at every matrix; MaskedNode elsewhere."""
+  is_node = lambda x: isinstance(x, (LowRankMoments, optax.MaskedNode))  # noqa: E731
+
+  def one(m, *xs):
+    return m if isinstance(m, optax.MaskedNode) else fn(m, *xs)
+
+  return jax.tree.map(one, moments, *trees, is_leaf=is_node)
+
+
+class _Pair(NamedTuple):
+  first: Any
+  second: Any
+
+
+def _unzip(tree):
+  is_pair = lambda x: isinstance(x, _Pair)  # noqa: E731
+  firsts = jax.tree.map(lambda p: p.first, tree, is_leaf=is_pair)
+  seconds = jax.tree.map(lambda p: p.second, tree, is_leaf=is_pair)
+  return firsts, seconds
+
+
+def scale_by_low_rank_adam(
+  rank: int,
+  *,
+  b1: float = 0.9,
+  b2: float = 0.999,
+  eps: float = 1e-8,
+  omega: float = 1.0,
+  mu: float = 1.0,
+  full_rank_scale: str = "scalar",
+  projection: str = "svd",
+  side: str = "auto",
+  transport: str = "rotate",
+  error_feedback: bool = False,
+  error_feedback_dtype: Any = jnp.float32,
+  subspace_iterations: int = 2,
+  refresh_every: int | None = None,
+  init_projection: str = "gradient",
+  seed: int = 0,
+  matrix_axes: Any = None,
+) -> LowRankAdam:
+  r"""Adam with its moments in a low-rank subspace of each matrix, plus the QH mix.
+
+  See the module docstring for the math. Every leaf this transformation sees must be
+  a matrix: route the others elsewhere with ``optax.partition`` (as
+  :func:`lordo_jax.lordo` does), or give ``matrix_axes``.
+
+  Args:
+    rank: r, the dimension of the subspace.
+    b1, b2, eps: Adam's decay rates and denominator offset.
+    omega: weight of the low-rank term in the quasi-hyperbolic mix; 1 is plain
+      low-rank Adam (GaLore).
+    mu: rescaling of the full-rank term ``G / (mu s)``.
+    full_rank_scale: ``"scalar"`` or ``"vector"``: how ``s`` is taken from D.
+    projection: ``"svd"``, ``"subspace_iteration"`` or ``"dct"``.
+    side: ``"auto"``, ``"left"`` or ``"right"``.
+    transport: ``"rotate"``, ``"keep"`` or ``"reset"``: moments at a refresh.
+    error_feedback: keep the residual ``E = A - Q Q^T A`` and feed it back.
+    error_feedback_dtype: dtype of E (float32, or bfloat16 for half the memory).
+    subspace_iterations: steps of warm-started subspace iteration per refresh.
+    refresh_every: if set, refresh the basis from the incoming gradient at steps
+      1, T + 1, 2T + 1, ...; if ``None`` only :attr:`LowRankAdam.refresh` does.
+    init_projection: the first basis: ``"gradient"`` (from the gradient of step 1),
+      ``"random"`` (orthonormal, from ``seed``; no data needed) or ``"external"``
+      (set by the caller's ``refresh(..., first=True)`` before step 1, as
+      :func:`lordo_jax.synchronize` does).
+    seed: PRNG seed of ``init_projection="random"``; the same on every worker.
+    matrix_axes: ``None`` (every leaf is a 2-D matrix), or ``low_rank_labels`` as
+      :mod:`lordo_jax.routing` describes them.
+
+  Returns:
+    A :class:`LowRankAdam`.
+
+  Examples:
+    >>> import jax.numpy as jnp, optax, lordo_jax
+    >>> tx = lordo_jax.scale_by_low_rank_adam(rank=2, refresh_every=10)
+    >>> params = {"w": jnp.ones((8, 4))}
+    >>> state = tx.init(params)
+    >>> updates, state = tx.update({"w": jnp.arange(32.0).reshape(8, 4)}, state)
+    >>> updates["w"].shape
+    (8, 4)
+
+  References:
+    Zhao et al., GaLore, 2024 (arXiv 2403.03507); Robert et al., LDAdam, 2024
+    (arXiv 2410.16103); Jovanović et al., LoRDO, 2026 (arXiv 2602.04396).
+  """
+
+  def axes_of(tree):
+    axes = routing.route(tree, matrix_axes, rank)
+
+    def check(path, a):
+      if a == routing.FULL_RANK:
+        raise ValueError(
+          f"scale_by_low_rank_adam got the leaf {jax.tree_util.keystr(path)}, "
+          f"which is not a matrix with min(p, q) > rank={rank}. Send such leaves "
+          "to another transformation with optax.partition (lordo_jax.lordo does), "
+          "or label them with matrix_axes."
+        )
+      return a
+
+    is_masked = lambda x: isinstance(x, optax.MaskedNode)  # noqa: E731
+    return jax.tree_util.tree_map_with_path(check, axes, is_leaf=is_masked)
+
+  def init_leaf(x, axes, key):
+    o = orientation(x.shape, axes, side)
+    n, q = o.oriented_shape
+    if init_projection == "random":
+      basis = projection_lib.random_basis(key, n, rank, projection)
+    else:
+      basis = projection_lib.empty_basis(n, rank, projection)
+    zeros = jnp.zeros((rank, q), jnp.float32)
+    if error_feedback:
+      error = jnp.zeros((n, q), error_feedback_dtype)
+    else:
+      error = jnp.zeros((0,), jnp.float32)
+    return LowRankMoments(basis, zeros, zeros, error)
+
+  def init_fn(params):
+    is_masked = lambda x: isinstance(x, optax.MaskedNode)  # noqa: E731
+    leaves, treedef = jax.tree.flatten(params, is_leaf=is_masked)
+    keys = list(jax.random.split(jax.random.key(seed), max(len(leaves), 1)))
+    keyed = jax.tree.unflatten(treedef, keys[: len(leaves)])
+    moments = jax.tree.map(
+      lambda x, a, k: x if is_masked(x) else init_leaf(x, a, k),
+      params,
+      axes_of(params),
+      keyed,
+      is_leaf=is_masked,
+    )
+    return LowRankAdamState(
+      count=jnp.zeros([], jnp.int32),
+      moments=moments,
+      refresh_failures=jnp.zeros([], jnp.int32),
+    )
+
+  def refresh_leaf(m, x, axes, count, first):
+    o = orientation(x.shape, axes, side)
+    matrix = o.orient(x)
+    if first is True:
+      basis, ok = projection_lib.exact_projection(matrix, m.basis, projection, rank)
+      return _Pair(m._replace(basis=basis), ok)
+    if first is False or projection != "subspace_iteration":
+      basis, ok = projection_lib.compute_projection(
+        matrix, m.basis, projection, rank, subspace_iterations
+      )
+    else:
+      basis, ok = jax.lax.cond(
+        first,
+        lambda: projection_lib.exact_projection(matrix, m.basis, projection, rank),
+        lambda: projection_lib.compute_projection(
+          matrix, m.basis, projection, rank, subspace_iterations
+        ),
+      )
+    new_mu, new_nu = m.mu, m.nu
+    if transport == "rotate":
+      rotated = rotate_moments(
+        m.mu,
+        m.nu,
+        projection_lib.basis_matrix(basis),
+        projection_lib.basis_matrix(m.basis),
+        count,
+        b1,
+        b2,
+      )
+      keep = jnp.logical_or(first, ~ok)
+      new_mu, new_nu = (jnp.where(keep, old, new) for old, new in zip((m.mu, m.nu), rotated))
+    elif transport == "reset":
+      new_mu = jnp.where(ok, jnp.zeros_like(m.mu), m.mu)
+      new_nu = jnp.where(ok, jnp.zeros_like(m.nu), m.nu)
+    return _Pair(LowRankMoments(basis, new_mu, new_nu, m.error), ok)
+
+  def refresh_with_count(state, source, count, first):
+    source = map_matrices(lambda m, x: x, state.moments, source)
+    results = map_matrices(
+      lambda m, x, a: refresh_leaf(m, x, a, count, first),
+      state.moments,
+      source,
+      axes_of(source),
+    )
+    moments, oks = _unzip(results)
+    failures = sum((~ok).astype(jnp.int32) for ok in jax.tree.leaves(oks))
+    return state._replace(moments=moments, refresh_failures=state.refresh_failures + failures)
+
+  def refresh(state, source, *, first=False):
+    return refresh_with_count(state, source, state.count, first)
+
+  def step_leaf(m, g, axes, count):
+    o = orientation(g.shape, axes, side)
+    gradient = o.orient(g).astype(jnp.float32)
+    q = projection_lib.basis_matrix(m.basis)
+    fed = gradient + m.error.astype(jnp.float32) if error_feedback else gradient
+    coordinates = q.T @ fed
+    error = (fed - q @ coordinates).astype(m.error.dtype) if error_feedback else m.error
+    new_mu = b1 * m.mu + (1 - b1) * coordinates
+    new_nu = b2 * m.nu + (1 - b2) * coordinates**2
+    denominator = jnp.sqrt(new_nu / (1 - b2**count)) + eps
+    low_rank_direction = q @ ((new_mu / (1 - b1**count)) / denominator)
+    direction = quasi_hyperbolic_mix(
+      gradient, low_rank_direction, denominator, omega, mu, full_rank_scale
+    )
+    moments = LowRankMoments(m.basis, new_mu, new_nu, error)
+    return _Pair(o.restore(direction).astype(g.dtype), moments)
+
+  def update_fn(updates, state, params=None):
+    del params
+    count = optax.safe_int32_increment(state.count)
+    refresh_now = None
+    if refresh_every is not None:
+      refresh_now = (count - 1) % refresh_every == 0
+    if init_projection == "gradient":
+      refresh_now = count == 1 if refresh_now is None else refresh_now | (count == 1)
+    if refresh_now is not None:
+      state = jax.lax.cond(
+        refresh_now,
+        lambda: refresh_with_count(state, updates, state.count, count == 1),
+        lambda: state,
+      )
+    results = map_matrices(
+      lambda m, g, a: step_leaf(m, g, a, count), state.moments, updates, axes_of(updates)
+    )
+    directions, moments = _unzip(results)
+    return directions, state._replace(count=count, moments=moments)
+
+  return LowRankAdam(init_fn, update_fn, refresh)

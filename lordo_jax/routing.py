@@ -1,0 +1,146 @@
+"""Which leaves are low-rank matrices, and how a leaf is seen as a matrix.
+
+By default (SPEC section 2) every 2-D leaf with ``min(p, q) > rank`` takes the
+low-rank path and every other leaf (biases, norms, scalars, small matrices) takes
+the full-rank AdamW path. ``low_rank_labels`` overrides that: a pytree, or a
+function of the params returning one, whose leaves are
+
+* ``True``: low-rank, a 2-D leaf seen as it is;
+* ``False``: the full-rank path;
+* a :class:`MatrixAxes`: low-rank, the leaf reshaped into a matrix whose rows are
+  the axes ``rows`` and whose columns are the axes ``cols`` (a Flax attention kernel
+  ``(embed, heads, head_dim)`` is ``MatrixAxes(rows=0, cols=(1, 2))``).
+  ``optax.contrib.GaLoreDimensionNumbers`` is accepted too.
+
+A label function is called with a tree shaped like the params; on the low-rank path
+it is the same tree with ``optax.MaskedNode()`` at the other leaves, as everywhere in
+``optax.partition``. Functions of shapes and key paths work on both.
+"""
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import optax
+from optax import contrib
+
+LOW_RANK = "low_rank"
+FULL_RANK = "full_rank"
+
+
+@dataclasses.dataclass(frozen=True)
+class MatrixAxes:
+  """The axes of a leaf that form the rows (p) and the columns (q) of its matrix."""
+
+  rows: int | tuple[int, ...] = 0
+  cols: int | tuple[int, ...] = 1
+
+  def normalized(self, ndim: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(rows, cols) as tuples of non-negative axes."""
+    as_tuple = lambda a: (a,) if isinstance(a, int) else tuple(a)  # noqa: E731
+    return (
+      tuple(a % ndim for a in as_tuple(self.rows)),
+      tuple(a % ndim for a in as_tuple(self.cols)),
+    )
+
+
+def _as_axes(label: Any) -> MatrixAxes | None:
+  if isinstance(label, MatrixAxes):
+    return label
+  if isinstance(label, contrib.GaLoreDimensionNumbers):
+    return MatrixAxes(label.reduction_axis, label.output_axis)
+  return None
+
+
+def matrix_shape(shape: tuple[int, ...], axes: MatrixAxes) -> tuple[int, int]:
+  """(p, q) of a leaf of ``shape`` seen through ``axes``."""
+  rows, cols = axes.normalized(len(shape))
+  return math.prod(shape[a] for a in rows), math.prod(shape[a] for a in cols)
+
+
+def to_matrix(x: jax.Array, axes: MatrixAxes) -> jax.Array:
+  """The ``p x q`` matrix view of ``x``."""
+  rows, cols = axes.normalized(x.ndim)
+  return x.transpose(rows + cols).reshape(matrix_shape(x.shape, axes))
+
+
+def from_matrix(m: jax.Array, axes: MatrixAxes, shape: tuple[int, ...]) -> jax.Array:
+  """Inverse of :func:`to_matrix` for a leaf of ``shape``."""
+  rows, cols = axes.normalized(len(shape))
+  order = rows + cols
+  inverse = tuple(order.index(a) for a in range(len(shape)))
+  return m.reshape(tuple(shape[a] for a in order)).transpose(inverse)
+
+
+def _check_axes(where: str, shape: tuple[int, ...], axes: MatrixAxes, rank: int):
+  rows, cols = axes.normalized(len(shape))
+  if set(rows) & set(cols) or sorted(rows + cols) != list(range(len(shape))):
+    raise ValueError(
+      f"low_rank_labels at {where}: {axes} must split the {len(shape)} axes of "
+      f"shape {shape} into disjoint rows and cols that cover every axis."
+    )
+  p, q = matrix_shape(shape, axes)
+  if min(p, q) <= rank:
+    raise ValueError(
+      f"low_rank_labels marks {where} (shape {shape}, matrix {p} x {q}) as "
+      f"low-rank, but rank={rank} is not smaller than min(p, q)={min(p, q)}. "
+      "Lower the rank, or label this leaf False to give it the full-rank path."
+    )
+
+
+def _default_axes(x: jax.Array, rank: int) -> MatrixAxes | str:
+  if x.ndim == 2 and min(x.shape) > rank:
+    return MatrixAxes()
+  return FULL_RANK
+
+
+def _labelled_axes(path, x, label, rank: int) -> MatrixAxes | str:
+  where = jax.tree_util.keystr(path) or "the root"
+  axes = _as_axes(label)
+  if axes is None and label is True:
+    if x.ndim != 2:
+      raise ValueError(
+        f"low_rank_labels marks {where} (shape {x.shape}) True, but only 2-D "
+        "leaves can be low-rank as they are. Give a MatrixAxes(rows=..., "
+        "cols=...) label to say which axes form the matrix."
+      )
+    axes = MatrixAxes()
+  if axes is None:
+    if label is False:
+      return FULL_RANK
+    raise ValueError(
+      f"low_rank_labels at {where} is {label!r}; expected True, False or a MatrixAxes."
+    )
+  _check_axes(where, x.shape, axes, rank)
+  return axes
+
+
+def route(tree: Any, labels: Any, rank: int) -> Any:
+  """For each leaf of ``tree``: its :class:`MatrixAxes` if low-rank, else FULL_RANK.
+
+  ``optax.MaskedNode`` leaves stay as they are.
+  """
+  is_masked = lambda x: isinstance(x, optax.MaskedNode)  # noqa: E731
+  if labels is None:
+    return jax.tree.map(
+      lambda x: x if is_masked(x) else _default_axes(x, rank), tree, is_leaf=is_masked
+    )
+  user = labels(tree) if callable(labels) else labels
+
+  def one(path, x, label):
+    return x if is_masked(x) else _labelled_axes(path, x, label, rank)
+
+  return jax.tree_util.tree_map_with_path(one, tree, user, is_leaf=is_masked)
+
+
+def partition_labels(labels: Any, rank: int) -> Callable[[Any], Any]:
+  """A label function for ``optax.partition``: LOW_RANK or FULL_RANK per leaf."""
+
+  def label_fn(tree):
+    return jax.tree.map(
+      lambda a: FULL_RANK if a == FULL_RANK else LOW_RANK, route(tree, labels, rank)
+    )
+
+  return label_fn
