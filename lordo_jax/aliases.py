@@ -84,8 +84,9 @@ def lordo(
   (SPEC sections 4 and 5). For each low-rank matrix:
 
   .. math::
-    \text{direction} = (1 - \omega) \frac{G}{\mu s} + \omega\, Q \frac{\hat u}{\sqrt{\hat v} + \epsilon},
-    \qquad \text{update} = -\eta\, (\text{direction} + \lambda W)
+    \text{direction} = (1 - \omega) \frac{G}{\mu s}
+      + \omega\, Q \frac{\hat u}{\sqrt{\hat v} + \epsilon}, \qquad
+    \text{update} = -\eta\, (\text{direction} + \lambda W)
 
   Leaves that are not low-rank matrices (biases, norms, small matrices, or those
   ``low_rank_labels`` excludes) take local AdamW with the same synchronisation.

@@ -290,7 +290,8 @@ def scale_by_low_rank_adam(
         b2,
       )
       keep = jnp.logical_or(first, ~ok)
-      new_mu, new_nu = (jnp.where(keep, old, new) for old, new in zip((m.mu, m.nu), rotated))
+      new_mu = jnp.where(keep, m.mu, rotated[0])
+      new_nu = jnp.where(keep, m.nu, rotated[1])
     elif transport == "reset":
       new_mu = jnp.where(ok, jnp.zeros_like(m.mu), m.mu)
       new_nu = jnp.where(ok, jnp.zeros_like(m.nu), m.nu)
