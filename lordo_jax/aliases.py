@@ -13,6 +13,7 @@ from lordo_jax import routing
 from lordo_jax import sync
 
 INIT_PROJECTIONS = ("gradient", "random")
+ERROR_FEEDBACK_DTYPES = ("float32", "bfloat16")
 
 
 def _check_adam(who: str, b1, b2, eps, weight_decay) -> None:
@@ -66,7 +67,7 @@ def lordo(
   side: str = "auto",
   transport: str = "rotate",
   error_feedback: bool = False,
-  error_feedback_dtype: Any = jnp.float32,
+  error_feedback_dtype: Any = "float32",
   init_projection: str = "gradient",
   outer_optimizer: optax.GradientTransformation | None = None,
   sync_moments_every: int = 1,
@@ -110,7 +111,8 @@ def lordo(
     transport: ``"rotate"``, ``"keep"`` or ``"reset"``.
     error_feedback: keep and feed back the projection residual (off by default,
       SPEC section 3 says why).
-    error_feedback_dtype: ``jnp.float32`` or ``jnp.bfloat16``.
+    error_feedback_dtype: ``"float32"`` or ``"bfloat16"`` (half the memory). A name,
+      not a dtype object, so that ``optax.inject_hyperparams`` leaves it alone.
     init_projection: ``"gradient"`` (from the averaged first gradient, one counted
       message) or ``"random"`` (from ``seed``, no message).
     outer_optimizer: applied to the averaged pseudo-gradient; ``None`` is plain
@@ -151,12 +153,9 @@ def lordo(
   checks.one_of(who, "transport", transport, low_rank_lib.TRANSPORTS)
   checks.one_of(who, "init_projection", init_projection, INIT_PROJECTIONS)
   checks.one_of(who, "full_rank_scale", full_rank_scale, quasi_hyperbolic.FULL_RANK_SCALES)
-  checks.one_of(
-    who,
-    "error_feedback_dtype",
-    jnp.dtype(error_feedback_dtype),
-    (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)),
-  )
+  if not isinstance(error_feedback_dtype, str):
+    error_feedback_dtype = jnp.dtype(error_feedback_dtype).name
+  checks.one_of(who, "error_feedback_dtype", error_feedback_dtype, ERROR_FEEDBACK_DTYPES)
 
   low_rank = low_rank_lib.scale_by_low_rank_adam(
     rank,

@@ -21,7 +21,11 @@ refreshed, the moments are carried into the new one (``transport``, SPEC 4.6):
 * ``keep`` (GaLore): the moments are reused as they are;
 * ``reset``: the moments restart from zero.
 
-This transformation never communicates. Who refreshes the basis is a choice:
+This transformation does not communicate, except in one opt-in mode:
+``average_coordinates_over=axis_name`` (low-rank DDP's ``communicate="projected"``)
+averages the ``r x q`` coordinates c over the workers every step, and the full
+gradient on refresh steps only, through :func:`lordo_jax.counted_pmean` with a ledger
+kept in the state. Who refreshes the basis is a choice:
 ``refresh_every=T`` refreshes it from the gradient this transformation receives at
 steps 1, T + 1, 2T + 1, ... (GaLore; :func:`lordo_jax.low_rank_ddp`), while
 :func:`lordo_jax.synchronize` refreshes it from the averaged pseudo-gradient through
@@ -37,6 +41,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from lordo_jax import collectives
 from lordo_jax import projection as projection_lib
 from lordo_jax import routing
 from lordo_jax.quasi_hyperbolic import quasi_hyperbolic_mix
@@ -61,6 +66,7 @@ class LowRankAdamState(NamedTuple):
   count: jax.Array  # int32 scalar: steps taken.
   moments: Any  # Like params: LowRankMoments per matrix, optax.MaskedNode elsewhere.
   refresh_failures: jax.Array  # int32 scalar: refreshes that kept the old basis.
+  ledger: Any = None  # Ledger of average_coordinates_over's all-reduces; None when off.
 
 
 class LowRankAdam(NamedTuple):
@@ -165,6 +171,7 @@ def scale_by_low_rank_adam(
   init_projection: str = "gradient",
   seed: int = 0,
   matrix_axes: Any = None,
+  average_coordinates_over: str | None = None,
 ) -> LowRankAdam:
   r"""Adam with its moments in a low-rank subspace of each matrix, plus the QH mix.
 
@@ -194,6 +201,14 @@ def scale_by_low_rank_adam(
     seed: PRNG seed of ``init_projection="random"``; the same on every worker.
     matrix_axes: ``None`` (every leaf is a 2-D matrix), or ``low_rank_labels`` as
       :mod:`lordo_jax.routing` describes them.
+    average_coordinates_over: ``None`` (default: no communication), or a worker
+      axis name: every step the coordinates :math:`c = Q^\top G` are replaced by
+      their mean over the workers (``r x q`` per matrix), and on refresh steps the
+      gradient the basis is computed from is the workers' mean (``p x q``). Both go
+      through :func:`lordo_jax.counted_pmean` and are counted in the state's
+      ``ledger``. Since Q is shared and projection is linear, this equals running on
+      the averaged gradient. It needs ``omega=1`` and ``error_feedback=False``
+      (both use the full gradient at every step).
 
   Returns:
     A :class:`LowRankAdam`.
@@ -211,6 +226,17 @@ def scale_by_low_rank_adam(
     Zhao et al., GaLore, 2024 (arXiv 2403.03507); Robert et al., LDAdam, 2024
     (arXiv 2410.16103); Jovanović et al., LoRDO, 2026 (arXiv 2602.04396).
   """
+
+  if average_coordinates_over is not None and (
+    error_feedback or not (isinstance(omega, (int, float)) and omega == 1)
+  ):
+    raise ValueError(
+      f"scale_by_low_rank_adam: average_coordinates_over={average_coordinates_over!r} "
+      f"averages only the r x q coordinates, but omega={omega!r} and "
+      f"error_feedback={error_feedback!r} need the averaged full gradient at every "
+      "step. Use omega=1 and error_feedback=False, or average the full gradient "
+      "before this transformation."
+    )
 
   def axes_of(tree):
     axes = routing.route(tree, matrix_axes, rank)
@@ -258,6 +284,7 @@ def scale_by_low_rank_adam(
       count=jnp.zeros([], jnp.int32),
       moments=moments,
       refresh_failures=jnp.zeros([], jnp.int32),
+      ledger=None if average_coordinates_over is None else collectives.init_ledger(),
     )
 
   def refresh_leaf(m, x, axes, count, first):
@@ -312,13 +339,20 @@ def scale_by_low_rank_adam(
   def refresh(state, source, *, first=False):
     return refresh_with_count(state, source, state.count, first)
 
-  def step_leaf(m, g, axes, count):
+  def project_leaf(m, g, axes):
+    """``(c, E)``: the coordinates ``Q^T (G + E)`` and the new error buffer."""
     o = orientation(g.shape, axes, side)
     gradient = o.orient(g).astype(jnp.float32)
     q = projection_lib.basis_matrix(m.basis)
     fed = gradient + m.error.astype(jnp.float32) if error_feedback else gradient
     coordinates = q.T @ fed
     error = (fed - q @ coordinates).astype(m.error.dtype) if error_feedback else m.error
+    return _Pair(coordinates, error)
+
+  def step_leaf(m, g, axes, count, coordinates, error):
+    o = orientation(g.shape, axes, side)
+    gradient = o.orient(g).astype(jnp.float32)
+    q = projection_lib.basis_matrix(m.basis)
     new_mu = b1 * m.mu + (1 - b1) * coordinates
     new_nu = b2 * m.nu + (1 - b2) * coordinates**2
     denominator = jnp.sqrt(new_nu / (1 - b2**count)) + eps
@@ -329,8 +363,16 @@ def scale_by_low_rank_adam(
     moments = LowRankMoments(m.basis, new_mu, new_nu, error)
     return _Pair(o.restore(direction).astype(g.dtype), moments)
 
+  def averaged_refresh(state, updates, first):
+    """A refresh from the workers' mean gradient (``average_coordinates_over``)."""
+    source = map_matrices(lambda m, x: x, state.moments, updates)
+    source, ledger = collectives.counted_pmean(source, state.ledger, average_coordinates_over)
+    return refresh_with_count(state._replace(ledger=ledger), source, state.count, first)
+
   def update_fn(updates, state, params=None):
     del params
+    if average_coordinates_over is not None:
+      collectives.check_axis_bound(average_coordinates_over, "scale_by_low_rank_adam")
     count = optax.safe_int32_increment(state.count)
     refresh_now = None
     if refresh_every is not None:
@@ -338,13 +380,25 @@ def scale_by_low_rank_adam(
     if init_projection == "gradient":
       refresh_now = count == 1 if refresh_now is None else refresh_now | (count == 1)
     if refresh_now is not None:
-      state = jax.lax.cond(
-        refresh_now,
-        lambda: refresh_with_count(state, updates, state.count, count == 1),
-        lambda: state,
+      if average_coordinates_over is None:
+        refresh = lambda s, u, first: refresh_with_count(s, u, s.count, first)  # noqa: E731
+      else:
+        refresh = averaged_refresh
+      state = jax.lax.cond(refresh_now, lambda: refresh(state, updates, count == 1), lambda: state)
+    axes = axes_of(updates)
+    coordinates, errors = _unzip(map_matrices(project_leaf, state.moments, updates, axes))
+    if average_coordinates_over is not None:
+      coordinates, ledger = collectives.counted_pmean(
+        coordinates, state.ledger, average_coordinates_over
       )
+      state = state._replace(ledger=ledger)
     results = map_matrices(
-      lambda m, g, a: step_leaf(m, g, a, count), state.moments, updates, axes_of(updates)
+      lambda m, g, a, c, e: step_leaf(m, g, a, count, c, e),
+      state.moments,
+      updates,
+      axes,
+      coordinates,
+      errors,
     )
     directions, moments = _unzip(results)
     return directions, state._replace(count=count, moments=moments)

@@ -1,0 +1,68 @@
+"""Reads the all-reduces of a compiled XLA program, and how deep in conditionals each is.
+
+Used to check the communication ledger against what the program really sends.
+"""
+
+import re
+
+_DTYPE_BYTES = {
+  "f32": 4,
+  "bf16": 2,
+  "f16": 2,
+  "s32": 4,
+  "u32": 4,
+  "f64": 8,
+  "s8": 1,
+  "u8": 1,
+  "pred": 1,
+}
+_ARRAY = re.compile(r"\b(f32|bf16|f16|s32|u32|f64|s8|u8|pred)\[([0-9,]*)\]")
+_COMPUTATION = re.compile(r"^(ENTRY )?%([\w.\-]+) .*\{$")
+_BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
+_TRUE_FALSE = re.compile(r"(?:true|false)_computation=%([\w.\-]+)")
+
+
+def _array_bytes(type_text: str) -> tuple[int, int]:
+  """(elements, bytes) of every array type in ``type_text``."""
+  elements = nbytes = 0
+  for dtype, dims in _ARRAY.findall(type_text):
+    size = 1
+    for d in filter(None, dims.split(",")):
+      size *= int(d)
+    elements += size
+    nbytes += size * _DTYPE_BYTES[dtype]
+  return elements, nbytes
+
+
+def all_reduces_by_depth(hlo_text: str) -> dict[int, list[tuple[int, int]]]:
+  """{conditional depth: [(elements, bytes) of each all-reduce]} of a compiled module.
+
+  Depth 0 is the entry computation, depth 1 a branch of a conditional in it, and so on.
+  """
+  computations: dict[str, list[str]] = {}
+  entry = None
+  current = None
+  for line in hlo_text.splitlines():
+    match = _COMPUTATION.match(line)
+    if match:
+      current = match.group(2)
+      computations[current] = []
+      if match.group(1):
+        entry = current
+    elif current is not None and line.startswith("  "):
+      computations[current].append(line)
+  found: dict[int, list[tuple[int, int]]] = {}
+
+  def visit(name: str, depth: int):
+    for line in computations[name]:
+      if " all-reduce(" in line or " all-reduce-start(" in line:
+        result_type = line.split("=", 1)[1].split(" all-reduce", 1)[0]
+        found.setdefault(depth, []).append(_array_bytes(result_type))
+      branches = _BRANCHES.search(line)
+      names = [b.strip().lstrip("%") for b in branches.group(1).split(",")] if branches else []
+      names += _TRUE_FALSE.findall(line)
+      for branch in names:
+        visit(branch, depth + 1)
+
+  visit(entry, 0)
+  return found

@@ -1,0 +1,222 @@
+"""lordo(...) keeps the invariants every optax optimizer keeps (acceptance 5, 6, 8)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import lordo_jax
+from tests import workers
+
+PARAMS = {"w": jnp.ones((12, 6)) * 0.1, "v": jnp.ones((5, 10)) * 0.1, "b": jnp.zeros(6)}
+
+
+def loss(params, x):
+  return jnp.sum(jnp.tanh(x @ params["w"] + params["b"]) ** 2) + jnp.sum(
+    (params["v"] @ x.T[:10, :5]) ** 2
+  )
+
+
+def data(steps, workers_=1, seed=0):
+  keys = jax.random.split(jax.random.key(seed), steps)
+  return [jax.random.normal(k, (workers_, 7, 12)) for k in keys]
+
+
+def run_single(tx, steps=8, params=PARAMS, grad_transform=None):
+  """One worker, axis_name=None. Returns final params, state, and the jitted step."""
+
+  @jax.jit
+  def step(params, state, x):
+    grads = jax.grad(loss)(params, x)
+    if grad_transform is not None:
+      grads = grad_transform(grads)
+    updates, state = tx.update(grads, state, params)
+    return optax.apply_updates(params, updates), state, updates
+
+  state = tx.init(params)
+  all_updates = []
+  for x in data(steps):
+    params, state, updates = step(params, state, x[0])
+    all_updates.append(updates)
+  return params, state, step, all_updates
+
+
+def primitive_names(jaxpr, inside_cond=False, found=None):
+  """{(primitive name, whether under a cond)} of a closed jaxpr, recursively."""
+  found = set() if found is None else found
+  for eqn in jaxpr.eqns:
+    found.add((eqn.primitive.name, inside_cond))
+    for value in eqn.params.values():
+      for sub in value if isinstance(value, (tuple, list)) else [value]:
+        inner = getattr(sub, "jaxpr", None)
+        if inner is not None and hasattr(inner, "eqns"):
+          primitive_names(inner, inside_cond or eqn.primitive.name == "cond", found)
+  return found
+
+
+@pytest.mark.parametrize("projection", ["svd", "subspace_iteration", "dct"])
+def test_projections_are_computed_only_inside_conditional_branches(projection):
+  tx = lordo_jax.lordo(1e-2, rank=2, sync_every=4, projection=projection)
+  state = tx.init(PARAMS)
+  grads = jax.tree.map(jnp.ones_like, PARAMS)
+  names = primitive_names(jax.make_jaxpr(tx.update)(grads, state, PARAMS).jaxpr)
+  expensive = {"svd", "householder_product", "geqrf", "qr", "top_k"}
+  outside = {n for n, inside in names if not inside} & expensive
+  inside = {n for n, inside in names if inside} & expensive
+  assert not outside, f"{outside} run on every step"
+  assert inside, "no projection found in the step at all"
+
+
+def test_compiles_once_over_a_run_on_one_device():
+  *_, step, _ = run_single(lordo_jax.lordo(1e-2, rank=2, sync_every=3), steps=10)
+  assert step._cache_size() == 1
+
+
+def test_compiles_once_over_a_run_under_shard_map():
+  tx = lordo_jax.lordo(1e-2, rank=2, sync_every=3, axis_name=workers.AXIS)
+  _, step = workers.run(tx, loss, PARAMS, data(7, 4), 4)
+  assert step._cache_size() == 1
+
+
+def test_chained_after_clip_by_global_norm_equals_clipping_first():
+  clip = optax.clip_by_global_norm(0.5)
+  chained = optax.chain(clip, lordo_jax.lordo(1e-2, rank=2, sync_every=3))
+
+  def clipped(grads):
+    return clip.update(grads, clip.init(grads))[0]
+
+  a, *_ = run_single(chained)
+  b, *_ = run_single(lordo_jax.lordo(1e-2, rank=2, sync_every=3), grad_transform=clipped)
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-6), a, b)
+
+
+def test_inside_inject_hyperparams_matches_the_plain_optimizer_and_takes_new_rates():
+  static = ("rank", "sync_every", "sync_moments_every", "subspace_iterations", "seed")
+  injected = optax.inject_hyperparams(lordo_jax.lordo, static_args=static)(
+    learning_rate=1e-2, rank=2, sync_every=3, omega=0.7, projection="dct"
+  )
+  a, state, *_ = run_single(injected)
+  b, *_ = run_single(lordo_jax.lordo(1e-2, rank=2, sync_every=3, omega=0.7, projection="dct"))
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-7), a, b)
+  assert float(state.hyperparams["learning_rate"]) == pytest.approx(1e-2)
+
+
+def test_schedule_equals_setting_the_rate_by_hand_each_step():
+  schedule = optax.linear_schedule(1e-2, 1e-3, transition_steps=8)
+  # DCT bases: a refresh is a discrete choice, so float rounding cannot tilt it.
+  a, *_ = run_single(lordo_jax.lordo(schedule, rank=2, sync_every=3, projection="dct"))
+  static = ("rank", "sync_every", "sync_moments_every", "subspace_iterations", "seed")
+  tx = optax.inject_hyperparams(lordo_jax.lordo, static_args=static)(
+    learning_rate=1e-2, rank=2, sync_every=3, projection="dct"
+  )
+  params, state = PARAMS, tx.init(PARAMS)
+  for t, x in enumerate(data(8)):
+    state.hyperparams["learning_rate"] = schedule(t)
+    grads = jax.grad(loss)(params, x[0])
+    updates, state = tx.update(grads, state, params)
+    params = optax.apply_updates(params, updates)
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-7), a, params)
+  # A decaying rate really changes the run: compare with the constant rate.
+  c, *_ = run_single(lordo_jax.lordo(1e-2, rank=2, sync_every=3, projection="dct"))
+  assert float(jnp.max(jnp.abs(c["w"] - a["w"]))) > 1e-4
+
+
+def test_bfloat16_params_get_bfloat16_updates_and_float32_projections():
+  params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), PARAMS)
+  tx = lordo_jax.lordo(1e-2, rank=2, sync_every=3)
+
+  def bf16_loss(p, x):
+    return loss(jax.tree.map(lambda a: a.astype(jnp.float32), p), x)
+
+  state = tx.init(params)
+  for x in data(4):
+    grads = jax.grad(bf16_loss)(params, x[0])
+    updates, state = tx.update(grads, state, params)
+    assert all(u.dtype == jnp.bfloat16 for u in jax.tree.leaves(updates))
+    params = optax.apply_updates(params, updates)
+  bases = lordo_jax.projections(state)
+  assert bases["w"].dtype == jnp.float32 and bases["v"].dtype == jnp.float32
+  np.testing.assert_allclose(bases["w"].T @ bases["w"], np.eye(2), atol=1e-5)
+  assert all(p.dtype == jnp.bfloat16 for p in jax.tree.leaves(params))
+
+
+def test_state_keeps_structure_shapes_and_dtypes_across_updates():
+  tx = lordo_jax.lordo(1e-2, rank=2, sync_every=2, error_feedback=True)
+  state = tx.init(PARAMS)
+  _, after, *_ = run_single(tx, steps=3)
+  assert jax.tree.structure(state) == jax.tree.structure(after)
+  same = jax.tree.map(lambda a, b: (a.shape, a.dtype) == (b.shape, b.dtype), state, after)
+  assert all(jax.tree.leaves(same))
+
+
+def test_update_without_params_says_what_to_do():
+  tx = lordo_jax.lordo(1e-2, rank=2, sync_every=2)
+  state = tx.init(PARAMS)
+  with pytest.raises(
+    ValueError, match=r"needs the current params.*tx.update\(grads, state, params\)"
+  ):
+    tx.update(PARAMS, state)
+
+
+def test_unbound_axis_name_is_reported():
+  tx = lordo_jax.lordo(1e-2, rank=2, sync_every=2, axis_name="workers")
+  state = tx.init(PARAMS)
+  with pytest.raises(ValueError, match=r"axis_name='workers' is not bound.*shard_map"):
+    tx.update(PARAMS, state, PARAMS)
+
+
+@pytest.mark.parametrize(
+  "kwargs,pattern",
+  [
+    (dict(rank=0), r"rank=0 .*int >= 1"),
+    (dict(rank=2.5), r"rank=2.5 .*int >= 1"),
+    (dict(sync_every=0), r"sync_every=0 .*int >= 1"),
+    (dict(omega=1.5), r"omega=1.5 .*\[0.0, 1.0\]"),
+    (dict(omega=-0.1), r"omega=-0.1 .*\[0.0, 1.0\]"),
+    (dict(b1=1.0), r"b1=1.0 .*\[0.0, 1.0\)"),
+    (dict(b2=-0.5), r"b2=-0.5 .*\[0.0, 1.0\)"),
+    (dict(projection="qr"), r"projection='qr' .*'svd', 'subspace_iteration', 'dct'"),
+    (dict(side="top"), r"side='top' .*'auto', 'left', 'right'"),
+    (dict(transport="spin"), r"transport='spin' .*'rotate', 'keep', 'reset'"),
+    (dict(init_projection="zeros"), r"init_projection='zeros' .*'gradient', 'random'"),
+    (dict(full_rank_scale="row"), r"full_rank_scale='row' .*'scalar', 'vector'"),
+    (dict(sync_moments_every=0), r"sync_moments_every=0"),
+    (dict(mu=0.0), r"mu=0.0 .*> 0"),
+    (dict(error_feedback_dtype="float16"), r"error_feedback_dtype='float16' .*'bfloat16'"),
+  ],
+)
+def test_bad_arguments_name_the_argument_the_value_and_what_is_accepted(kwargs, pattern):
+  arguments = dict(rank=2, sync_every=4) | kwargs
+  with pytest.raises(ValueError, match=pattern):
+    lordo_jax.lordo(1e-2, **arguments)
+
+
+def test_labels_route_leaves_and_matrix_axes_reshape_kernels():
+  params = {"attn": jnp.ones((8, 2, 4)) * 0.1, "w": jnp.ones((8, 6)) * 0.1}
+  labels = {"attn": lordo_jax.MatrixAxes(rows=0, cols=(1, 2)), "w": False}
+  tx = lordo_jax.lordo(1e-2, rank=2, sync_every=2, low_rank_labels=labels)
+  state = tx.init(params)
+  bases = lordo_jax.projections(state)
+  assert bases["w"] is None and bases["attn"].shape == (8, 2)
+  grads = jax.tree.map(lambda x: jnp.cos(jnp.arange(x.size).reshape(x.shape) * 1.0), params)
+  updates, state = tx.update(grads, state, params)
+  assert updates["attn"].shape == (8, 2, 4)
+  # The update of the kernel lies in... the matrix view's span only when omega = 1:
+  tx1 = lordo_jax.lordo(1e-2, rank=2, sync_every=5, omega=1.0, low_rank_labels=labels)
+  updates1, state1 = tx1.update(grads, tx1.init(params), params)
+  q = lordo_jax.projections(state1)["attn"]
+  matrix = updates1["attn"].reshape(8, 8)
+  np.testing.assert_allclose(q @ (q.T @ matrix), matrix, atol=1e-6)
+
+
+def test_labels_that_cannot_be_low_rank_are_refused():
+  params = {"w": jnp.ones((8, 3)), "k": jnp.ones((4, 2, 2))}
+  with pytest.raises(ValueError, match=r"\['w'\].*rank=4 is not smaller than min\(p, q\)=3"):
+    lordo_jax.lordo(1e-2, rank=4, sync_every=2, low_rank_labels={"w": True, "k": False}).init(
+      params
+    )
+  with pytest.raises(ValueError, match=r"\['k'\].*MatrixAxes"):
+    lordo_jax.lordo(1e-2, rank=1, sync_every=2, low_rank_labels={"w": False, "k": True}).init(
+      params
+    )
