@@ -75,6 +75,7 @@ def lordo(
   low_rank_labels: Any = None,
   subspace_iterations: int = 2,
   seed: int = 0,
+  fault_tolerant: bool = False,
 ) -> optax.GradientTransformationExtraArgs:
   r"""LoRDO: low-rank Adam with infrequent synchronisation and a full-rank QH term.
 
@@ -123,6 +124,9 @@ def lordo(
       ``None``: every 2-D leaf with ``min(p, q) > rank``.
     subspace_iterations: iterations per refresh with ``"subspace_iteration"``.
     seed: PRNG seed of ``init_projection="random"``.
+    fault_tolerant: skip non-finite local steps and average only over the workers
+      present at a sync (``update(..., worker_present=False)`` marks one absent);
+      see :func:`lordo_jax.synchronize`.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``. Its ``update`` needs params.
@@ -194,5 +198,6 @@ def lordo(
     second_moment_every=sync_moments_every,
     low_rank=low_rank,
     init_projection=init_projection,
+    fault_tolerant=fault_tolerant,
     name=who,
   )

@@ -115,3 +115,26 @@ def _limbs_value(limbs) -> int:
   """The integer a limb pair holds; for a stack of per-worker pairs, worker 0's."""
   low, high = np.asarray(limbs).reshape(-1, 2)[0]
   return int(low) + int(high) * _LIMB
+
+
+def counted_mean_of_present(tree: Any, present: jax.Array, ledger: Ledger, axis_name):
+  r"""Mean of ``tree`` over the workers with ``present`` true, in one counted message.
+
+  .. math::
+    \bar x = \frac{\sum_m w_m x_m}{\sum_m w_m}, \qquad w_m \in \{0, 1\}
+
+  The payload is ``tree`` plus one float32 scalar (the presence weight); an absent
+  worker's values never enter the sum, even when they are not finite. Where no worker
+  is present the mean is zero and ``fraction`` is 0.
+
+  Returns:
+    ``(mean, fraction, ledger)``: ``fraction`` is the share of workers present.
+  """
+  weight = jnp.asarray(present, jnp.float32)
+  masked = jax.tree.map(lambda x: jnp.where(present, x, jnp.zeros_like(x)), tree)
+  (total, fraction), ledger = counted_pmean((masked, weight), ledger, axis_name)
+  safe = jnp.maximum(fraction, jnp.finfo(jnp.float32).tiny)
+  mean = jax.tree.map(
+    lambda x: jnp.where(fraction > 0, x / safe.astype(x.dtype), jnp.zeros_like(x)), total
+  )
+  return mean, fraction, ledger

@@ -45,6 +45,15 @@ class SynchronizeState(NamedTuple):
   anchor: Any  # Params at the last sync, the same on every worker (host-offloadable).
   outer_state: Any  # The outer optimizer's state.
   ledger: collectives.Ledger  # What this wrapper has all-reduced since init.
+  faults: "FaultCounts"  # Workers left out of syncs (fault_tolerant=True).
+
+
+class FaultCounts(NamedTuple):
+  """Who was left out of the averages, with ``fault_tolerant=True``."""
+
+  round_ok: jax.Array  # bool scalar, per worker: no non-finite gradient this round.
+  excluded: jax.Array  # int32: worker exclusions summed over syncs (same on all).
+  empty_syncs: jax.Array  # int32: syncs at which no worker was present.
 
 
 def _is_moment_node(x) -> bool:
@@ -130,11 +139,23 @@ def synchronize(
   low_rank: low_rank_lib.LowRankAdam | None = None,
   init_projection: str | None = "gradient",
   projection_source: str = "pseudo_gradient",
+  fault_tolerant: bool = False,
   name: str = "synchronize",
 ) -> optax.GradientTransformationExtraArgs:
   r"""Local steps with ``inner``, a synchronisation every ``sync_every`` steps.
 
   See the module docstring for the round. The update needs ``params``.
+
+  With ``fault_tolerant=True`` a worker can drop out of a round without harming the
+  others. A local step whose gradient is not finite is skipped (zero update, local
+  state unchanged) and marks the worker failed for the round; the caller can also
+  mark it absent with the extra argument ``update(..., worker_present=False)``. At
+  the sync, the pseudo-gradient and the moments are averaged over the workers that
+  are present (not failed, not marked absent, finite pseudo-gradient); every worker,
+  absent ones included, then takes the synchronised parameters, moments and bases.
+  If no worker is present the sync keeps the anchor, the outer state and the bases.
+  :attr:`SynchronizeState.faults` counts both. The cost is one float32 scalar more
+  per averaged message (the presence weight), which the ledger counts.
 
   Args:
     inner: the local optimizer (it produces the per-step update, learning rate
@@ -159,10 +180,12 @@ def synchronize(
       all workers) or ``"local_gradient"`` (each worker's own gradient of the sync
       step, no message; the bases then differ between workers, so moments should
       not be averaged).
+    fault_tolerant: leave failed or absent workers out of the averages (see above).
     name: how errors name this transformation.
 
   Returns:
-    An ``optax.GradientTransformationExtraArgs``; extra args go to ``inner``.
+    An ``optax.GradientTransformationExtraArgs``; extra args other than
+    ``worker_present`` go to ``inner``.
 
   Examples:
     >>> import jax.numpy as jnp, optax, lordo_jax
@@ -185,13 +208,25 @@ def synchronize(
       anchor=params,
       outer_state=outer.init(params),
       ledger=collectives.init_ledger(),
+      faults=FaultCounts(
+        round_ok=jnp.ones([], jnp.bool_),
+        excluded=jnp.zeros([], jnp.int32),
+        empty_syncs=jnp.zeros([], jnp.int32),
+      ),
     )
 
-  def initial_projection(grads, state):
+  def mean(tree, present, ledger):
+    """(mean over the present workers, share present, ledger)."""
+    if fault_tolerant:
+      return collectives.counted_mean_of_present(tree, present, ledger, axis_name)
+    tree, ledger = collectives.counted_pmean(tree, ledger, axis_name)
+    return tree, jnp.ones([], jnp.float32), ledger
+
+  def initial_projection(grads, state, present):
     source = low_rank_leaves(state.inner_state, grads)
     ledger = state.ledger
     if projection_source == "pseudo_gradient":
-      source, ledger = collectives.counted_pmean(source, ledger, axis_name)
+      source, _, ledger = mean(source, present, ledger)
     inner_state = refresh_projections(state.inner_state, low_rank, source, first=True)
     return state._replace(inner_state=inner_state, ledger=ledger)
 
@@ -204,10 +239,24 @@ def synchronize(
         groups.setdefault(period, []).append(field)
     return [(sync_index % period == 0, tuple(fields)) for period, fields in groups.items()]
 
-  def round_end(grads, params, local_updates, state, inner_state):
+  def average(inner_state, ledger, fields, present):
+    if not fault_tolerant:
+      return average_moments(inner_state, ledger, fields, axis_name)
+    moments = {f: _moment_tree(inner_state, f) for f in fields}
+    averaged, fraction, ledger = mean(moments, present, ledger)
+    for f in fields:
+      kept = jax.tree.map(lambda a, own: jnp.where(fraction > 0, a, own), averaged[f], moments[f])
+      inner_state = _with_moments(inner_state, f, kept)
+    return inner_state, ledger
+
+  def round_end(grads, params, local_updates, state, inner_state, present):
     local_params = optax.apply_updates(params, local_updates)
     delta = jax.tree.map(lambda a, x: a - x, state.anchor, local_params)
-    delta, ledger = collectives.counted_pmean(delta, state.ledger, axis_name)
+    if fault_tolerant:
+      finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(delta)]))
+      present = present & finite
+    delta, fraction, ledger = mean(delta, present, state.ledger)
+    anyone = fraction > 0
     outer_updates, outer_state = outer.update(delta, state.outer_state, state.anchor)
     synced = optax.apply_updates(state.anchor, outer_updates)
 
@@ -215,37 +264,91 @@ def synchronize(
     for predicate, fields in moment_fields(sync_index):
       inner_state, ledger = jax.lax.cond(
         predicate,
-        lambda s, led, f=fields: average_moments(s, led, f, axis_name),
+        lambda s, led, f=fields: average(s, led, f, present),
         lambda s, led: (s, led),
         inner_state,
         ledger,
       )
     if low_rank is not None:
       source = delta if projection_source == "pseudo_gradient" else grads
-      inner_state = refresh_projections(inner_state, low_rank, source)
+      refreshed = refresh_projections(inner_state, low_rank, source)
+      inner_state = _where(anyone, refreshed, inner_state)
+    synced = _where(anyone, synced, state.anchor)
+    outer_state = _where(anyone, outer_state, state.outer_state)
     updates = jax.tree.map(lambda s, p: (s - p).astype(p.dtype), synced, params)
-    return updates, inner_state, synced, outer_state, ledger
+    workers = 1 if axis_name is None else jax.lax.axis_size(axis_name)
+    absent = jnp.round((1 - fraction) * workers).astype(jnp.int32)
+    faults = FaultCounts(
+      round_ok=state.faults.round_ok | True,  # a new round; stays per-worker (varying)
+      excluded=state.faults.excluded + absent,
+      empty_syncs=state.faults.empty_syncs + (~anyone).astype(jnp.int32),
+    )
+    return updates, inner_state, synced, outer_state, ledger, faults
 
-  def update_fn(grads, state, params=None, **extra_args):
+  def update_fn(grads, state, params=None, *, worker_present=True, **extra_args):
     if params is None:
       raise ValueError(
         f"{name}: update() needs the current params, to form the pseudo-gradient "
         f"and the synchronised parameters: call tx.update(grads, state, params)."
       )
     collectives.check_axis_bound(axis_name, name)
+    if not fault_tolerant and worker_present is not True:
+      raise ValueError(
+        f"{name}: worker_present was given, but this optimizer was built with "
+        "fault_tolerant=False; build it with fault_tolerant=True to leave absent "
+        "workers out of the averages."
+      )
     count = optax.safe_int32_increment(state.count)
+    present = jnp.asarray(worker_present, jnp.bool_)
+    finite_grads = jnp.ones([], jnp.bool_)
+    if fault_tolerant:
+      leaves = jax.tree.leaves(grads)
+      finite_grads = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
     if low_rank is not None and init_projection == "gradient":
-      state = jax.lax.cond(count == 1, lambda s: initial_projection(grads, s), lambda s: s, state)
+      state = jax.lax.cond(
+        count == 1,
+        lambda s: initial_projection(grads, s, present & finite_grads),
+        lambda s: s,
+        state,
+      )
     local_updates, inner_state = inner.update(grads, state.inner_state, params, **extra_args)
+    faults = state.faults
+    if fault_tolerant:
+      local_updates = _where(finite_grads, local_updates, jax.tree.map(jnp.zeros_like, grads))
+      inner_state = _keep_values_on_skip(finite_grads, inner_state, state.inner_state)
+      faults = faults._replace(round_ok=faults.round_ok & finite_grads)
+      present = present & faults.round_ok
 
     def keep(*_):
-      return local_updates, inner_state, state.anchor, state.outer_state, state.ledger
+      return local_updates, inner_state, state.anchor, state.outer_state, state.ledger, faults
 
-    updates, inner_state, anchor, outer_state, ledger = jax.lax.cond(
+    updates, inner_state, anchor, outer_state, ledger, faults = jax.lax.cond(
       count % sync_every == 0,
-      lambda: round_end(grads, params, local_updates, state, inner_state),
+      lambda: round_end(
+        grads, params, local_updates, state._replace(faults=faults), inner_state, present
+      ),
       keep,
     )
-    return updates, SynchronizeState(count, inner_state, anchor, outer_state, ledger)
+    return updates, SynchronizeState(count, inner_state, anchor, outer_state, ledger, faults)
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def _where(condition, on_true, on_false):
+  """Leafwise ``jnp.where`` of two trees of the same structure."""
+  return jax.tree.map(lambda a, b: jnp.where(condition, a, b), on_true, on_false)
+
+
+def _keep_values_on_skip(step_ok, stepped, before):
+  """After a skipped step: the old floating-point state, but the new step counters.
+
+  Counters (integer leaves) advance either way, so that bias corrections and
+  schedules stay in lockstep with the other workers.
+  """
+
+  def pick(new, old):
+    if jnp.issubdtype(new.dtype, jnp.floating):
+      return jnp.where(step_ok, new, old)
+    return new
+
+  return jax.tree.map(pick, stepped, before)
