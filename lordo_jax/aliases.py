@@ -7,6 +7,7 @@ import optax
 
 from lordo_jax import checks
 from lordo_jax import low_rank as low_rank_lib
+from lordo_jax import precision
 from lordo_jax import projection as projection_lib
 from lordo_jax import quasi_hyperbolic
 from lordo_jax import routing
@@ -36,13 +37,15 @@ def local_adamw_path(
 ) -> optax.GradientTransformation:
   """The local step: low-rank Adam on matrices, Adam elsewhere, then AdamW's tail.
 
+  Every moment is float32, whatever the parameter dtype.
+
   ``update = -lr * (direction + weight_decay * W)``, decoupled as in ``optax.adamw``.
   """
   return optax.chain(
     optax.partition(
       {
         routing.LOW_RANK: low_rank,
-        routing.FULL_RANK: optax.scale_by_adam(b1=b1, b2=b2, eps=eps),
+        routing.FULL_RANK: precision.in_float32(optax.scale_by_adam(b1=b1, b2=b2, eps=eps)),
       },
       routing.partition_labels(low_rank_labels, rank),
     ),
