@@ -8,13 +8,24 @@ from lordo_jax.accounting import all_reduce_count
 from lordo_jax.accounting import communicated_bytes
 from lordo_jax.accounting import communicated_elements
 from lordo_jax.accounting import projections
+from lordo_jax.accounting import state_bytes
 from lordo_jax.aliases import lordo
+from lordo_jax.baselines import AverageGradientsState
+from lordo_jax.baselines import average_gradients
+from lordo_jax.baselines import ddp
+from lordo_jax.baselines import desloc
+from lordo_jax.baselines import diloco
+from lordo_jax.baselines import local_adam
+from lordo_jax.baselines import lordo_global_projection_only
+from lordo_jax.baselines import lordo_local_projection
+from lordo_jax.baselines import low_rank_ddp
 from lordo_jax.collectives import Ledger
 from lordo_jax.collectives import counted_pmean
 from lordo_jax.low_rank import LowRankAdam
 from lordo_jax.low_rank import LowRankAdamState
 from lordo_jax.low_rank import LowRankMoments
 from lordo_jax.low_rank import scale_by_low_rank_adam
+from lordo_jax.precision import in_float32
 from lordo_jax.projection import DCTBasis
 from lordo_jax.projection import compute_projection
 from lordo_jax.projection import principal_angles
@@ -26,6 +37,7 @@ from lordo_jax.sync import synchronize
 __version__ = "0.1.0"
 
 __all__ = [
+  "AverageGradientsState",
   "DCTBasis",
   "Ledger",
   "LowRankAdam",
@@ -34,14 +46,24 @@ __all__ = [
   "MatrixAxes",
   "SynchronizeState",
   "all_reduce_count",
+  "average_gradients",
   "communicated_bytes",
   "communicated_elements",
   "compute_projection",
   "counted_pmean",
+  "ddp",
+  "desloc",
+  "diloco",
+  "in_float32",
+  "local_adam",
   "lordo",
+  "lordo_global_projection_only",
+  "lordo_local_projection",
+  "low_rank_ddp",
   "principal_angles",
   "projections",
   "quasi_hyperbolic_mix",
   "scale_by_low_rank_adam",
+  "state_bytes",
   "synchronize",
 ]

@@ -5,6 +5,7 @@ log. A state stacked over workers (a leading worker axis, as ``pmap`` and
 ``shard_map`` outputs are) is read from worker 0; the ledgers of all workers agree.
 """
 
+import math
 from typing import Any
 
 import jax
@@ -14,6 +15,7 @@ import optax
 from lordo_jax import collectives
 from lordo_jax import low_rank as low_rank_lib
 from lordo_jax import projection as projection_lib
+from lordo_jax import sync as sync_lib
 
 
 def _ledgers(state: Any) -> list[collectives.Ledger]:
@@ -71,3 +73,58 @@ def projections(state: Any) -> Any:
 
   is_entry = lambda x: isinstance(x, (low_rank_lib.LowRankMoments, optax.MaskedNode))  # noqa: E731
   return jax.tree.map(matrix, nodes[0].moments, is_leaf=is_entry)
+
+
+def _tree_bytes(tree: Any) -> int:
+  """Bytes of every array leaf of ``tree`` (arrays or ``jax.ShapeDtypeStruct``)."""
+  total = 0
+  for leaf in jax.tree.leaves(tree):
+    shape = getattr(leaf, "shape", np.shape(leaf))
+    dtype = leaf.dtype if hasattr(leaf, "dtype") else np.asarray(leaf).dtype
+    total += math.prod(shape) * np.dtype(dtype).itemsize
+  return total
+
+
+def state_bytes(state: Any) -> dict[str, int]:
+  r"""Bytes of optimizer state: what must live on the accelerator, what may live on host.
+
+  ``"host"`` is, for every :func:`lordo_jax.synchronize` in the state, its anchor
+  (the parameters at the last sync) and its outer optimizer's state (DiLoCo's outer
+  momentum): both are read and written only at a sync, once every K steps, so they
+  can be offloaded to host memory (SPEC section 8). ``"device"`` is everything else:
+  moments, bases, error buffers, counters, flags and ledgers, used at every step.
+
+  Per ``p x q`` float32 matrix, left case (``p >= q``), SPEC section 8: AdamW ``2pq``
+  on device; LoRDO ``pr + 2rq`` on device (``+ pq`` with error feedback, in its
+  dtype) and ``pq`` on host; with ``projection="dct"`` the basis is ``r`` int32
+  indices instead of ``pr`` floats. Counters and ledgers add a few bytes per
+  transformation.
+
+  Works on a concrete state or on ``jax.eval_shape(tx.init, params)``, which
+  allocates nothing. It counts the state it is given: pass one worker's state (a
+  state stacked over M workers counts M times).
+
+  Args:
+    state: an optimizer state, or its shapes.
+
+  Returns:
+    ``{"device": int, "host": int}``, in bytes.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp, lordo_jax
+    >>> params = {"w": jax.ShapeDtypeStruct((64, 32), jnp.float32)}
+    >>> tx = lordo_jax.lordo(1e-3, rank=4, sync_every=8)
+    >>> lordo_jax.state_bytes(jax.eval_shape(tx.init, params))["host"]  # the anchor
+    8192
+  """
+  is_sync = lambda x: isinstance(x, sync_lib.SynchronizeState)  # noqa: E731
+  device = host = 0
+  for node in jax.tree.leaves(state, is_leaf=is_sync):
+    if is_sync(node):
+      inner = state_bytes(node.inner_state)
+      rest = node._replace(inner_state=None, anchor=None, outer_state=None)
+      device += inner["device"] + _tree_bytes(rest)
+      host += inner["host"] + _tree_bytes((node.anchor, node.outer_state))
+    else:
+      device += _tree_bytes(node)
+  return {"device": device, "host": host}

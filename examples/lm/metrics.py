@@ -1,0 +1,111 @@
+"""What an optimizer state says about a run, read on the host each logging step.
+
+All of it comes from the state through the public ``lordo_jax`` API: the bytes
+all-reduced so far (the ledger), the number of synchronisation rounds, how far the
+low-rank bases turned since the last reading (principal angles), the norm of the
+error-feedback buffer, and the bytes of the optimizer state itself. A state stacked
+over workers (a leading worker axis) is read from worker 0; after a sync all workers
+agree.
+"""
+
+import math
+from typing import Any
+
+import jax
+import numpy as np
+
+import lordo_jax
+
+
+def _nodes(state: Any, cls: type) -> list:
+  is_node = lambda x: isinstance(x, cls)  # noqa: E731
+  return [x for x in jax.tree.leaves(state, is_leaf=is_node) if is_node(x)]
+
+
+def _worker0(x: Any) -> np.ndarray:
+  return np.asarray(jax.device_get(x))[0]
+
+
+def rounds(state: Any, sync_every: int) -> int:
+  """Synchronisation rounds completed: ``count // K`` of a ``SynchronizeState``.
+
+  A method without one (DDP, low-rank DDP) communicates every step: its rounds are
+  its all-reduce calls.
+  """
+  syncs = _nodes(state, lordo_jax.SynchronizeState)
+  if not syncs:
+    return lordo_jax.all_reduce_count(state)
+  return int(_worker0(syncs[0].count)) // sync_every
+
+
+def error_norm(state: Any) -> float | None:
+  """Frobenius norm of all error-feedback buffers of worker 0; None when they are off."""
+  errors = [_worker0(m.error) for m in _nodes(state, lordo_jax.LowRankMoments)]
+  errors = [e for e in errors if e.size]
+  if not errors:
+    return None
+  return math.sqrt(sum(float(np.sum(np.square(e, dtype=np.float64))) for e in errors))
+
+
+class ProjectionTracker:
+  """Similarity of each reading's low-rank bases with the previous reading's.
+
+  The similarity of two bases is the mean cosine of their principal angles (1: the
+  same subspace, 0: orthogonal), averaged over all matrices. A state whose bases are
+  still the all-zero placeholders of ``init`` (the first basis comes with the first
+  gradient) has no basis yet.
+  """
+
+  def __init__(self):
+    self.previous: list[np.ndarray] | None = None
+
+  def __call__(self, state: Any) -> float | None:
+    """The similarity with the last call's bases (None on the first call, or none)."""
+    if not _nodes(state, lordo_jax.LowRankAdamState):
+      return None
+    bases = [_worker0(q) for q in jax.tree.leaves(lordo_jax.projections(state))]
+    if not any(np.any(q) for q in bases):
+      return None
+    previous, self.previous = self.previous, bases
+    if previous is None or not bases:
+      return None
+    cosines = [
+      float(np.mean(np.cos(np.asarray(lordo_jax.principal_angles(a, b)))))
+      for a, b in zip(previous, bases, strict=True)
+    ]
+    return float(np.mean(cosines))
+
+
+def state_bytes(state: Any) -> dict[str, int]:
+  """Bytes of one worker's optimizer state: ``{"total": ..., ...}``.
+
+  Uses ``lordo_jax.state_bytes`` when the library offers it (its breakdown, e.g. the
+  part that must stay on the accelerator and the part that may live on the host, is
+  kept); otherwise every array leaf of the state is counted.
+  """
+  one = jax.tree.map(_worker0, state)
+  counter = getattr(lordo_jax, "state_bytes", None)
+  if counter is not None:
+    value = counter(one)
+    if isinstance(value, dict):
+      parts = {str(k): int(v) for k, v in value.items()}
+    elif hasattr(value, "_asdict"):
+      parts = {str(k): int(v) for k, v in value._asdict().items()}
+    elif isinstance(value, (tuple, list)):
+      parts = {f"part{i}": int(v) for i, v in enumerate(value)}
+    else:
+      return {"total": int(value)}
+    parts.setdefault("total", sum(parts.values()))
+    return parts
+  return {"total": sum(int(np.asarray(x).nbytes) for x in jax.tree.leaves(one))}
+
+
+def step_metrics(state: Any, sync_every: int, tracker: ProjectionTracker) -> dict[str, Any]:
+  """Everything above for one logging step, as a JSON-ready dict."""
+  return {
+    "bytes": lordo_jax.communicated_bytes(state),
+    "all_reduces": lordo_jax.all_reduce_count(state),
+    "rounds": rounds(state, sync_every),
+    "projection_similarity": tracker(state),
+    "error_norm": error_norm(state),
+  }

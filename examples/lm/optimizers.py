@@ -1,0 +1,99 @@
+"""``get_optimizer``: any method of ``lordo_jax``, by name, configured for the LM.
+
+Methods are looked up on the installed ``lordo_jax`` at run time
+(``getattr(lordo_jax, name)``), so the examples follow the library: a method it
+offers can be trained here without changing this file. Each factory gets the
+learning-rate schedule as its first argument and, among the keyword arguments below,
+those its signature accepts:
+
+* ``axis_name``: the mesh axis of the simulated workers;
+* ``rank``, ``low_rank_labels``: the low-rank methods' subspace (the byte embedding,
+  position embedding and output head stay full rank);
+* ``sync_every``: the local-update methods' round length K;
+* ``refresh_every``: the low-rank DDP basis refresh period T (under whichever of the
+  usual names the factory uses);
+* ``weight_decay``.
+
+A factory with ``**options`` (a LoRDO variant) gets the options ``lordo`` accepts.
+"""
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import optax
+
+import lordo_jax
+
+from . import model as model_lib
+
+# The methods the main command compares, in the order of its table.
+DEFAULT_METHODS = ("lordo", "low_rank_ddp", "ddp", "diloco")
+# Every optimizer factory the examples know how to configure.
+KNOWN_METHODS = (
+  "lordo",
+  "low_rank_ddp",
+  "ddp",
+  "diloco",
+  "local_adam",
+  "desloc",
+  "lordo_local_projection",
+  "lordo_global_projection_only",
+)
+# Names a factory may give the basis refresh period of low-rank DDP.
+_REFRESH_NAMES = ("refresh_every", "projection_every", "update_proj_gap", "projection_period")
+
+
+def available_methods() -> tuple[str, ...]:
+  """The known methods the installed ``lordo_jax`` provides."""
+  return tuple(name for name in KNOWN_METHODS if callable(getattr(lordo_jax, name, None)))
+
+
+def default_methods() -> tuple[str, ...]:
+  """The methods of :data:`DEFAULT_METHODS` the installed ``lordo_jax`` provides."""
+  return tuple(name for name in DEFAULT_METHODS if name in available_methods())
+
+
+def schedule(learning_rate: float, steps: int, warmup: int) -> optax.Schedule:
+  """Linear warmup to ``learning_rate``, then cosine decay to a tenth of it."""
+  warmup = max(1, min(warmup, steps - 1))
+  return optax.warmup_cosine_decay_schedule(
+    0.0, learning_rate, warmup, max(steps, warmup + 1), learning_rate / 10
+  )
+
+
+def get_optimizer(
+  name: str,
+  *,
+  learning_rate: optax.ScalarOrSchedule,
+  axis_name: str | None,
+  rank: int,
+  sync_every: int,
+  refresh_every: int,
+  weight_decay: float = 0.0,
+  low_rank_labels: Callable[[Any], Any] | None = model_lib.low_rank_labels,
+) -> optax.GradientTransformation:
+  """The optimizer ``lordo_jax.<name>`` with the options its signature accepts.
+
+  Raises:
+    ValueError: if ``lordo_jax`` has no method ``name``.
+  """
+  factory = getattr(lordo_jax, name, None)
+  if name not in KNOWN_METHODS or not callable(factory):
+    raise ValueError(
+      f"--methods: unknown method {name!r}; this lordo_jax offers {','.join(available_methods())}."
+    )
+  options = {
+    "axis_name": axis_name,
+    "rank": rank,
+    "low_rank_labels": low_rank_labels,
+    "sync_every": sync_every,
+    "weight_decay": weight_decay,
+  }
+  options.update(dict.fromkeys(_REFRESH_NAMES, refresh_every))
+  accepted = inspect.signature(factory).parameters
+  if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values()):
+    # A variant forwarding **options to another factory (say, to lordo): give it the
+    # options lordo takes.
+    accepted = {**inspect.signature(lordo_jax.lordo).parameters, **accepted}
+  return factory(learning_rate, **{k: v for k, v in options.items() if k in accepted})

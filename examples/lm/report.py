@@ -1,0 +1,115 @@
+"""The results of a comparison: a table on the terminal, a JSON file, two plots."""
+
+import dataclasses
+import json
+import math
+import pathlib
+from collections.abc import Sequence
+from typing import Any
+
+from . import train as train_lib
+
+JSON_NAME = "results.json"
+LOSS_VS_STEP = "val_loss_vs_step.png"
+LOSS_VS_BYTES = "val_loss_vs_bytes.png"
+
+
+def human_bytes(n: float) -> str:
+  """``1536`` -> ``"1.5 KiB"``."""
+  for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+    if abs(n) < 1024 or unit == "TiB":
+      return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+    n /= 1024
+  raise AssertionError
+
+
+def table(results: Sequence[train_lib.RunResult], unigram_entropy: float) -> str:
+  """The comparison table.
+
+  "sent per worker" is the payload each worker all-reduced over the whole run, from
+  the optimizer state's ledger. The optimizer state is one worker's, split as
+  ``lordo_jax.state_bytes`` splits it: what is used every step and must live on the
+  accelerator, and what is touched only at a sync and may live in host memory.
+  """
+  reference = next((r for r in results if r.method == "ddp"), None)
+  header = (
+    "method",
+    "val loss (nats)",
+    "bits/byte",
+    "sent per worker",
+    "vs ddp",
+    "opt. state: device",
+    "host",
+    "wall time",
+  )
+  rows = []
+  for r in results:
+    ratio = "-"
+    if reference is not None and r.communicated_bytes:
+      ratio = f"{reference.communicated_bytes / r.communicated_bytes:.1f}x less"
+      if r.method == "ddp":
+        ratio = "1x"
+    rows.append(
+      (
+        r.method,
+        f"{r.final_val_loss:.3f}",
+        f"{r.final_val_loss / math.log(2):.3f}",
+        human_bytes(r.communicated_bytes),
+        ratio,
+        human_bytes(r.state_bytes.get("device", r.state_bytes["total"])),
+        human_bytes(r.state_bytes.get("host", 0)),
+        f"{r.wall_time_s:.0f} s",
+      )
+    )
+  widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
+  line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True))  # noqa: E731
+  lines = [line(header), line(["-" * w for w in widths]), *map(line, rows)]
+  lines.append(
+    f"unigram entropy of the text: {unigram_entropy:.3f} nats "
+    f"({unigram_entropy / math.log(2):.3f} bits) per byte"
+  )
+  return "\n".join(lines)
+
+
+def write_json(path: pathlib.Path, results, meta: dict[str, Any]) -> None:
+  """``meta`` (config, data) and every run's curves and final numbers."""
+  payload = dict(meta, results=[dataclasses.asdict(r) for r in results])
+  path.write_text(json.dumps(payload, indent=1))
+
+
+def plot(
+  out_dir: pathlib.Path, results, unigram_entropy: float, title: str = ""
+) -> list[pathlib.Path]:
+  """Validation loss against step and against bytes sent; returns the PNG paths."""
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  paths = []
+  for name, key, xlabel in (
+    (LOSS_VS_STEP, "step", "step"),
+    (LOSS_VS_BYTES, "bytes", "bytes all-reduced per worker (log scale)"),
+  ):
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for r in results:
+      points = [(e[key], e["val_loss"]) for e in r.evals if key == "step" or e[key] > 0]
+      if points:
+        xs, ys = zip(*points, strict=True)
+        ax.plot(xs, ys, marker="o", markersize=3, label=r.method)
+    ax.axhline(unigram_entropy, color="gray", linestyle="--", label="unigram entropy")
+    if key == "bytes":
+      ax.set_xscale("log")
+    # Room for the interesting part: the first points (about ln 256 = 5.5) sit above.
+    finals = [r.final_val_loss for r in results if math.isfinite(r.final_val_loss)]
+    ax.set_ylim(top=max([unigram_entropy, *finals]) + 0.75)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("validation loss (nats per byte)")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    paths.append(out_dir / name)
+    fig.savefig(paths[-1], dpi=120)
+    plt.close(fig)
+  return paths

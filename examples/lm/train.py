@@ -1,0 +1,197 @@
+"""The training loop: M simulated workers on a mesh of CPU devices, any method.
+
+The devices form a ``(workers, data)`` mesh. Each worker owns ``devices / workers``
+devices: its batch is split over them and its gradient averaged over them (the fast
+link inside a node, not counted), while everything the optimizer sends between
+workers goes over the ``workers`` axis through the library's counted all-reduce.
+Parameters and optimizer state carry a leading worker axis of size M, sharded over
+``workers``; inside ``jax.shard_map`` that axis is size 1 and squeezed away, so the
+step body is the ordinary single-worker optax step.
+
+jaxlib 0.10 on CPU can deadlock when several multi-device programs are in flight,
+so every step blocks until its outputs are ready, and host-side reductions use NumPy.
+"""
+
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+from tqdm.auto import tqdm
+
+from . import data as data_lib
+from . import metrics as metrics_lib
+from . import model as model_lib
+from . import optimizers
+
+AXIS = "workers"
+DATA_AXIS = "data"
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+  """Everything a run needs besides the model and the data."""
+
+  steps: int = 256
+  num_workers: int = 8
+  batch_size: int = 8  # Windows per worker per step.
+  learning_rate: float = 2e-3
+  warmup_steps: int = 20
+  weight_decay: float = 0.0
+  rank: int = 32
+  sync_every: int = 16  # K, the round length of the local-update methods.
+  refresh_every: int = 16  # T, the low-rank DDP basis refresh period.
+  seed: int = 0
+  eval_every: int = 16
+  eval_windows: int = 64
+
+
+@dataclasses.dataclass
+class RunResult:
+  """One method's run: curves and final numbers, JSON-ready."""
+
+  method: str
+  final_val_loss: float
+  communicated_bytes: int
+  state_bytes: dict[str, int]
+  wall_time_s: float
+  compile_time_s: float
+  train_loss: list[float]  # Mean over workers, every step.
+  evals: list[dict[str, Any]]  # step, val_loss and the metrics of that step.
+
+
+def make_mesh(num_workers: int) -> jax.sharding.Mesh:
+  """The ``(workers, data)`` mesh over all devices."""
+  devices = jax.devices()
+  return jax.make_mesh((num_workers, len(devices) // num_workers), (AXIS, DATA_AXIS))
+
+
+def stack(tree: Any, num_workers: int) -> Any:
+  """``num_workers`` copies of ``tree`` along a new leading axis."""
+  return jax.tree.map(lambda x: jnp.broadcast_to(x, (num_workers, *x.shape)), tree)
+
+
+def make_step(apply: Callable, tx: optax.GradientTransformation, mesh, state_spec) -> Callable:
+  """The jitted step ``(params, opt_state, batch) -> (params, opt_state, loss)``."""
+
+  def body(params, opt_state, batch_1BT1):
+    squeeze = lambda t: jax.tree.map(lambda x: x[0], t)  # noqa: E731
+    expand = lambda t: jax.tree.map(lambda x: x[None], t)  # noqa: E731
+    params, opt_state = squeeze(params), squeeze(opt_state)
+
+    def loss(p):
+      return jax.lax.pmean(model_lib.loss_fn(apply, p, batch_1BT1[0]), DATA_AXIS)
+
+    value, grads = jax.value_and_grad(loss)(params)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    params = optax.apply_updates(params, updates)
+    return expand(params), expand(opt_state), value[None]
+
+  worker = P(AXIS)
+  return jax.jit(
+    jax.shard_map(
+      body,
+      mesh=mesh,
+      in_specs=(worker, state_spec, P(AXIS, DATA_AXIS)),
+      out_specs=(worker, state_spec, worker),
+    ),
+    donate_argnums=(0, 1),
+  )
+
+
+def make_evaluate(apply: Callable, windows: np.ndarray, chunk: int = 32) -> Callable:
+  """``evaluate(stacked_params) -> float``: validation loss of the workers' average.
+
+  After a synchronisation all workers hold the same parameters, so this is the
+  model every method ends with; between syncs it is the plain average.
+  """
+  loss = jax.jit(lambda p, w: model_lib.loss_fn(apply, p, w))
+  chunks = [windows[i : i + chunk] for i in range(0, len(windows), chunk)]
+
+  def evaluate(stacked_params) -> float:
+    host = jax.tree.map(lambda x: np.asarray(jax.device_get(x)).mean(0), stacked_params)
+    total = sum(float(loss(host, c)) * len(c) for c in chunks)
+    return total / len(windows)
+
+  return evaluate
+
+
+def train(
+  method: str,
+  config: TrainConfig,
+  model_config: model_lib.ModelConfig,
+  dataset: data_lib.Dataset,
+  *,
+  progress: bool = True,
+) -> RunResult:
+  """Trains ``model_config`` with ``lordo_jax.<method>`` on ``dataset``."""
+  start = time.perf_counter()
+  m = config.num_workers
+  apply, params = model_lib.init(model_config, config.seed)
+  tx = optimizers.get_optimizer(
+    method,
+    learning_rate=optimizers.schedule(config.learning_rate, config.steps, config.warmup_steps),
+    axis_name=AXIS,
+    rank=config.rank,
+    sync_every=config.sync_every,
+    refresh_every=config.refresh_every,
+    weight_decay=config.weight_decay,
+  )
+  mesh = make_mesh(m)
+  opt_state = stack(tx.init(params), m)
+  state_spec = jax.tree.map(lambda _: P(AXIS), opt_state)
+  workers = NamedSharding(mesh, P(AXIS))
+  params = jax.device_put(stack(params, m), workers)
+  opt_state = jax.device_put(opt_state, workers)
+  batch_sharding = NamedSharding(mesh, P(AXIS, DATA_AXIS))
+  step = make_step(apply, tx, mesh, state_spec)
+
+  batches = data_lib.Batches(
+    dataset, seq_len=model_config.seq_len, batch_size=config.batch_size, seed=config.seed
+  )
+  windows = data_lib.validation_windows(
+    dataset, seq_len=model_config.seq_len, max_windows=config.eval_windows
+  )
+  evaluate = make_evaluate(apply, windows)
+  tracker = metrics_lib.ProjectionTracker()
+  tracker(opt_state)
+  evals = [
+    {"step": 0, "val_loss": evaluate(params)}
+    | metrics_lib.step_metrics(opt_state, config.sync_every, tracker)
+  ]
+  train_loss, compile_time = [], 0.0
+  bar = tqdm(range(1, config.steps + 1), desc=f"{method:>12}", disable=not progress, leave=True)
+  for t in bar:
+    tic = time.perf_counter()
+    batch = jax.device_put(batches(), batch_sharding)
+    params, opt_state, loss = step(params, opt_state, batch)
+    jax.block_until_ready((params, opt_state, loss))
+    if t == 1:
+      compile_time = time.perf_counter() - tic
+    train_loss.append(float(np.asarray(loss).mean()))
+    if t % config.eval_every == 0 or t == config.steps:
+      record = {"step": t, "val_loss": evaluate(params)}
+      record |= metrics_lib.step_metrics(opt_state, config.sync_every, tracker)
+      evals.append(record)
+      bar.set_postfix(
+        loss=f"{train_loss[-1]:.3f}",
+        val=f"{record['val_loss']:.3f}",
+        sent=f"{record['bytes'] / 2**20:.1f}MiB",
+      )
+  bar.close()
+  return RunResult(
+    method=method,
+    final_val_loss=evals[-1]["val_loss"],
+    communicated_bytes=evals[-1]["bytes"],
+    state_bytes=metrics_lib.state_bytes(opt_state),
+    wall_time_s=time.perf_counter() - start,
+    compile_time_s=compile_time,
+    train_loss=train_loss,
+    evals=evals,
+  )
