@@ -72,8 +72,12 @@ def get_optimizer(
   refresh_every: int,
   weight_decay: float = 0.0,
   low_rank_labels: Callable[[Any], Any] | None = model_lib.low_rank_labels,
+  extra_options: dict[str, Any] | None = None,
 ) -> optax.GradientTransformation:
   """The optimizer ``lordo_jax.<name>`` with the options its signature accepts.
+
+  ``extra_options`` go to the factory as they are (``{"omega": 1.0}``, say), after
+  the common options above, which they override; the factory checks them.
 
   Raises:
     ValueError: if ``lordo_jax`` has no method ``name``.
@@ -96,4 +100,5 @@ def get_optimizer(
     # A variant forwarding **options to another factory (say, to lordo): give it the
     # options lordo takes.
     accepted = {**inspect.signature(lordo_jax.lordo).parameters, **accepted}
-  return factory(learning_rate, **{k: v for k, v in options.items() if k in accepted})
+  options = {k: v for k, v in options.items() if k in accepted}
+  return factory(learning_rate, **(options | dict(extra_options or {})))

@@ -25,6 +25,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from tqdm.auto import tqdm
 
+import lordo_jax
+
 from . import data as data_lib
 from . import metrics as metrics_lib
 from . import model as model_lib
@@ -50,6 +52,8 @@ class TrainConfig:
   seed: int = 0
   eval_every: int = 16
   eval_windows: int = 64
+  # Further keyword arguments of the method's factory, e.g. {"omega": 1.0}.
+  optimizer_options: tuple[tuple[str, Any], ...] = ()
 
 
 @dataclasses.dataclass
@@ -63,6 +67,8 @@ class RunResult:
   wall_time_s: float
   compile_time_s: float
   train_loss: list[float]  # Mean over workers, every step.
+  step_time_s: list[float]  # Wall time of every step (step 1 includes compilation).
+  bytes_sent: list[int]  # Bytes all-reduced per worker since init, after every step.
   evals: list[dict[str, Any]]  # step, val_loss and the metrics of that step.
 
 
@@ -142,6 +148,7 @@ def train(
     sync_every=config.sync_every,
     refresh_every=config.refresh_every,
     weight_decay=config.weight_decay,
+    extra_options=dict(config.optimizer_options),
   )
   mesh = make_mesh(m)
   opt_state = stack(tx.init(params), m)
@@ -165,16 +172,18 @@ def train(
     {"step": 0, "val_loss": evaluate(params)}
     | metrics_lib.step_metrics(opt_state, config.sync_every, tracker)
   ]
-  train_loss, compile_time = [], 0.0
+  train_loss, step_times, bytes_sent, compile_time = [], [], [], 0.0
   bar = tqdm(range(1, config.steps + 1), desc=f"{method:>12}", disable=not progress, leave=True)
   for t in bar:
     tic = time.perf_counter()
     batch = jax.device_put(batches(), batch_sharding)
     params, opt_state, loss = step(params, opt_state, batch)
     jax.block_until_ready((params, opt_state, loss))
+    step_times.append(time.perf_counter() - tic)
     if t == 1:
-      compile_time = time.perf_counter() - tic
+      compile_time = step_times[0]
     train_loss.append(float(np.asarray(loss).mean()))
+    bytes_sent.append(lordo_jax.communicated_bytes(opt_state))
     if t % config.eval_every == 0 or t == config.steps:
       record = {"step": t, "val_loss": evaluate(params)}
       record |= metrics_lib.step_metrics(opt_state, config.sync_every, tracker)
@@ -193,5 +202,7 @@ def train(
     wall_time_s=time.perf_counter() - start,
     compile_time_s=compile_time,
     train_loss=train_loss,
+    step_time_s=step_times,
+    bytes_sent=bytes_sent,
     evals=evals,
   )
