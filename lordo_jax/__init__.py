@@ -31,6 +31,8 @@ from lordo_jax.projection import compute_projection
 from lordo_jax.projection import principal_angles
 from lordo_jax.quasi_hyperbolic import quasi_hyperbolic_mix
 from lordo_jax.routing import MatrixAxes
+from lordo_jax.schedules import quadratic_sync_rule
+from lordo_jax.schedules import sync_steps
 from lordo_jax.sync import SynchronizeState
 from lordo_jax.sync import synchronize
 
@@ -62,8 +64,10 @@ __all__ = [
   "low_rank_ddp",
   "principal_angles",
   "projections",
+  "quadratic_sync_rule",
   "quasi_hyperbolic_mix",
   "scale_by_low_rank_adam",
   "state_bytes",
+  "sync_steps",
   "synchronize",
 ]

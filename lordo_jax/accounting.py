@@ -89,9 +89,10 @@ def state_bytes(state: Any) -> dict[str, int]:
   r"""Bytes of optimizer state: what must live on the accelerator, what may live on host.
 
   ``"host"`` is, for every :func:`lordo_jax.synchronize` in the state, its anchor
-  (the parameters at the last sync) and its outer optimizer's state (DiLoCo's outer
-  momentum): both are read and written only at a sync, once every K steps, so they
-  can be offloaded to host memory (SPEC section 8). ``"device"`` is everything else:
+  (the parameters at the last sync), its outer optimizer's state (DiLoCo's outer
+  momentum) and, with compression, its error-feedback residual: all are read and
+  written only at a sync, once every K steps, so they can be offloaded to host
+  memory (SPEC section 8). ``"device"`` is everything else:
   moments, bases, error buffers, counters, flags and ledgers, used at every step.
 
   Per ``p x q`` float32 matrix, left case (``p >= q``), SPEC section 8: AdamW ``2pq``
@@ -122,9 +123,9 @@ def state_bytes(state: Any) -> dict[str, int]:
   for node in jax.tree.leaves(state, is_leaf=is_sync):
     if is_sync(node):
       inner = state_bytes(node.inner_state)
-      rest = node._replace(inner_state=None, anchor=None, outer_state=None)
+      rest = node._replace(inner_state=None, anchor=None, outer_state=None, residual=None)
       device += inner["device"] + _tree_bytes(rest)
-      host += inner["host"] + _tree_bytes((node.anchor, node.outer_state))
+      host += inner["host"] + _tree_bytes((node.anchor, node.outer_state, node.residual))
     else:
       device += _tree_bytes(node)
   return {"device": device, "host": host}

@@ -58,7 +58,7 @@ def lordo(
   learning_rate: optax.ScalarOrSchedule,
   *,
   rank: int,
-  sync_every: int,
+  sync_every: Any,
   axis_name: str | None = None,
   omega: float = 0.7,
   mu: float = 1.0,
@@ -79,6 +79,8 @@ def lordo(
   subspace_iterations: int = 2,
   seed: int = 0,
   fault_tolerant: bool = False,
+  compression: str | None = None,
+  fragments: Any = 1,
 ) -> optax.GradientTransformationExtraArgs:
   r"""LoRDO: low-rank Adam with infrequent synchronisation and a full-rank QH term.
 
@@ -103,7 +105,8 @@ def lordo(
   Args:
     learning_rate: a float or an optax schedule.
     rank: r, the dimension of each matrix's subspace.
-    sync_every: K, local steps per round.
+    sync_every: K, local steps per round; or a function of the step giving each
+      round's length, such as :func:`lordo_jax.quadratic_sync_rule`.
     axis_name: the worker axis of ``jax.shard_map`` or ``jax.pmap``; ``None`` for
       one worker.
     omega: weight of the low-rank term; 1 switches the full-rank term off.
@@ -130,6 +133,11 @@ def lordo(
     fault_tolerant: skip non-finite local steps and average only over the workers
       present at a sync (``update(..., worker_present=False)`` marks one absent);
       see :func:`lordo_jax.synchronize`.
+    compression: ``None``, ``"bfloat16"`` or ``"int8"``: send every message of the
+      round compressed, the pseudo-gradient with error feedback
+      (:func:`lordo_jax.synchronize`).
+    fragments: F > 1 streams the round: the parameters sync in F fragments at
+      staggered steps, so the largest message is about 1/F of the model.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``. Its ``update`` needs params.
@@ -149,7 +157,6 @@ def lordo(
   """
   who = "lordo"
   checks.positive_int(who, "rank", rank)
-  checks.positive_int(who, "sync_every", sync_every)
   checks.positive_int(who, "sync_moments_every", sync_moments_every)
   checks.positive_int(who, "subspace_iterations", subspace_iterations)
   checks.in_interval(who, "omega", omega, 0.0, 1.0, closed_high=True)
@@ -202,5 +209,7 @@ def lordo(
     low_rank=low_rank,
     init_projection=init_projection,
     fault_tolerant=fault_tolerant,
+    compression=compression,
+    fragments=fragments,
     name=who,
   )

@@ -33,6 +33,7 @@ import optax
 from lordo_jax import aliases
 from lordo_jax import checks
 from lordo_jax import collectives
+from lordo_jax import compression as compression_lib
 from lordo_jax import low_rank as low_rank_lib
 from lordo_jax import precision
 from lordo_jax import projection as projection_lib
@@ -47,9 +48,12 @@ class AverageGradientsState(NamedTuple):
   """State of :func:`average_gradients`."""
 
   ledger: collectives.Ledger  # What this transformation has all-reduced since init.
+  residual: Any = ()  # float32 like params: compression error feedback; () without.
 
 
-def average_gradients(axis_name: str | None) -> optax.GradientTransformation:
+def average_gradients(
+  axis_name: str | None, *, compression: str | None = None
+) -> optax.GradientTransformation:
   r"""Replaces each worker's gradient by the mean over the workers (data parallelism).
 
   .. math::
@@ -59,9 +63,16 @@ def average_gradients(axis_name: str | None) -> optax.GradientTransformation:
   :func:`lordo_jax.counted_pmean`, counted in the state's ledger. Chain it before any
   optimizer to make it data-parallel (:func:`ddp`, :func:`low_rank_ddp`).
 
+  With ``compression`` the gradient is sent as bfloat16 or int8 with per-row scales
+  (:func:`lordo_jax.collectives.counted_mean`) and error feedback: each worker sends
+  :math:`G_m + e_m` and keeps what the rounding lost in :math:`e_m`, so over a run
+  the sum of the means it returns plus the mean residual equals the sum of the true
+  means (Seide et al. 2014; Karimireddy et al. 2019).
+
   Args:
     axis_name: the worker axis (``jax.shard_map`` mesh axis or ``jax.pmap`` axis
       name); ``None`` for one worker, where it is the identity and sends nothing.
+    compression: ``None``, ``"bfloat16"`` or ``"int8"``.
 
   Returns:
     An ``optax.GradientTransformation``.
@@ -79,15 +90,27 @@ def average_gradients(axis_name: str | None) -> optax.GradientTransformation:
     Training <https://arxiv.org/abs/2006.15704>`_, VLDB 2020.
   """
 
+  checks.one_of("average_gradients", "compression", compression, (None, *compression_lib.CODECS))
+
   def init_fn(params):
-    del params
-    return AverageGradientsState(ledger=collectives.init_ledger())
+    residual = ()
+    if compression is not None:
+      residual = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), params)
+    return AverageGradientsState(ledger=collectives.init_ledger(), residual=residual)
 
   def update_fn(updates, state, params=None):
     del params
     collectives.check_axis_bound(axis_name, "average_gradients")
-    updates, ledger = collectives.counted_pmean(updates, state.ledger, axis_name)
-    return updates, AverageGradientsState(ledger=ledger)
+    updates, ledger, residual = collectives.counted_mean(
+      updates,
+      state.ledger,
+      axis_name,
+      compression_codec=compression,
+      residual=state.residual if compression is not None else None,
+    )
+    return updates, AverageGradientsState(
+      ledger=ledger, residual=residual if compression is not None else ()
+    )
 
   return optax.GradientTransformation(init_fn, update_fn)
 
@@ -193,6 +216,7 @@ def ddp(
   b2: float = 0.999,
   eps: float = 1e-8,
   weight_decay: float = 0.0,
+  compression: str | None = None,
 ) -> optax.GradientTransformation:
   r"""Data-parallel AdamW (DDP): the full gradient is averaged every step.
 
@@ -211,6 +235,8 @@ def ddp(
       one worker.
     b1, b2, eps: Adam's parameters.
     weight_decay: decoupled weight decay, as in ``optax.adamw``.
+    compression: ``None``, ``"bfloat16"`` or ``"int8"``: the gradient sent
+      compressed, with error feedback (:func:`average_gradients`).
 
   Returns:
     An ``optax.GradientTransformation``.
@@ -230,7 +256,10 @@ def ddp(
     ICLR 2019.
   """
   aliases._check_adam("ddp", b1, b2, eps, weight_decay)
-  return optax.chain(average_gradients(axis_name), _adamw(learning_rate, b1, b2, eps, weight_decay))
+  return optax.chain(
+    average_gradients(axis_name, compression=compression),
+    _adamw(learning_rate, b1, b2, eps, weight_decay),
+  )
 
 
 def low_rank_ddp(
@@ -254,6 +283,7 @@ def low_rank_ddp(
   full_rank_scale: str = "scalar",
   low_rank_labels: Any = None,
   subspace_iterations: int = 2,
+  compression: str | None = None,
 ) -> optax.GradientTransformation:
   r"""Low-rank DDP (GaLore-DDP): low-rank Adam on the averaged gradient.
 
@@ -301,6 +331,9 @@ def low_rank_ddp(
     full_rank_scale: ``"scalar"`` or ``"vector"``.
     low_rank_labels: which leaves are low-rank (see :mod:`lordo_jax.routing`).
     subspace_iterations: iterations per refresh with ``"subspace_iteration"``.
+    compression: ``None``, ``"bfloat16"`` or ``"int8"``: with ``communicate="full"``
+      the gradient is sent compressed, with error feedback
+      (:func:`average_gradients`).
 
   Returns:
     An ``optax.GradientTransformation``.
@@ -328,6 +361,12 @@ def low_rank_ddp(
       f"{who}: omega={omega!r} is not accepted with communicate='projected'; expected "
       "1.0. The full-rank term needs the averaged full gradient at every step: use "
       "communicate='full'."
+    )
+  if projected and compression is not None:
+    raise ValueError(
+      f"{who}: compression={compression!r} is not accepted with "
+      "communicate='projected'; expected None. Compress the full gradient with "
+      "communicate='full', or send the r x q coordinates uncompressed."
     )
   if projected and error_feedback:
     raise ValueError(
@@ -359,7 +398,7 @@ def low_rank_ddp(
     average_coordinates_over=axis_name if projected else None,
   )
   if not projected:
-    return optax.chain(average_gradients(axis_name), local)
+    return optax.chain(average_gradients(axis_name, compression=compression), local)
 
   # Only the leaves off the low-rank path are averaged in full here; the low-rank
   # transformation averages its coordinates (and, on refresh steps, the gradient).
@@ -374,12 +413,14 @@ def low_rank_ddp(
 def local_adam(
   learning_rate: optax.ScalarOrSchedule,
   *,
-  sync_every: int,
+  sync_every: Any,
   axis_name: str | None = None,
   b1: float = 0.9,
   b2: float = 0.999,
   eps: float = 1e-8,
   weight_decay: float = 0.0,
+  compression: str | None = None,
+  fragments: Any = 1,
 ) -> optax.GradientTransformationExtraArgs:
   r"""Local Adam: local AdamW steps; params and both moments averaged every K steps.
 
@@ -396,10 +437,16 @@ def local_adam(
 
   Args:
     learning_rate: a float or an optax schedule.
-    sync_every: K, local steps per round.
+    sync_every: K, local steps per round, or a function of the step
+      (:mod:`lordo_jax.schedules`).
     axis_name: the worker axis; ``None`` for one worker.
     b1, b2, eps: Adam's parameters.
     weight_decay: decoupled weight decay, as in ``optax.adamw``.
+    compression: ``None``, ``"bfloat16"`` or ``"int8"``: the round's messages sent
+      compressed, the pseudo-gradient with error feedback
+      (:func:`lordo_jax.synchronize`).
+    fragments: F > 1 streams the round (F fragments synced at staggered steps;
+      :func:`lordo_jax.synchronize`).
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``; its ``update`` needs params.
@@ -417,7 +464,6 @@ def local_adam(
     <https://arxiv.org/abs/2505.22549>`_, 2025 (Local Adam averages both moments).
   """
   who = "local_adam"
-  checks.positive_int(who, "sync_every", sync_every)
   aliases._check_adam(who, b1, b2, eps, weight_decay)
   return sync.synchronize(
     _adamw(learning_rate, b1, b2, eps, weight_decay),
@@ -425,6 +471,8 @@ def local_adam(
     axis_name=axis_name,
     first_moment_every=1,
     second_moment_every=1,
+    compression=compression,
+    fragments=fragments,
     name=who,
   )
 
@@ -451,6 +499,8 @@ def desloc(
   b2: float = 0.999,
   eps: float = 1e-8,
   weight_decay: float = 0.0,
+  compression: str | None = None,
+  fragments: Any = 1,
 ) -> optax.GradientTransformationExtraArgs:
   r"""DES-LOC: local AdamW with independent periods for params and each moment.
 
@@ -474,6 +524,11 @@ def desloc(
     axis_name: the worker axis; ``None`` for one worker.
     b1, b2, eps: Adam's parameters.
     weight_decay: decoupled weight decay, as in ``optax.adamw``.
+    compression: ``None``, ``"bfloat16"`` or ``"int8"``: the round's messages sent
+      compressed, the pseudo-gradient with error feedback
+      (:func:`lordo_jax.synchronize`).
+    fragments: F > 1 streams the round (F fragments synced at staggered steps;
+      :func:`lordo_jax.synchronize`).
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``; its ``update`` needs params.
@@ -504,6 +559,8 @@ def desloc(
     second_moment_every=_period_in_syncs(
       who, "second_moment_every", second_moment_every, sync_every
     ),
+    compression=compression,
+    fragments=fragments,
     name=who,
   )
 
@@ -511,7 +568,7 @@ def desloc(
 def diloco(
   learning_rate: optax.ScalarOrSchedule,
   *,
-  sync_every: int,
+  sync_every: Any,
   axis_name: str | None = None,
   outer_learning_rate: float = 0.7,
   outer_momentum: float = 0.9,
@@ -520,6 +577,8 @@ def diloco(
   b2: float = 0.999,
   eps: float = 1e-8,
   weight_decay: float = 0.0,
+  compression: str | None = None,
+  fragments: Any = 1,
 ) -> optax.GradientTransformationExtraArgs:
   r"""DiLoCo: local AdamW, an outer Nesterov SGD on the averaged pseudo-gradient.
 
@@ -538,13 +597,19 @@ def diloco(
 
   Args:
     learning_rate: the inner AdamW's learning rate (float or schedule).
-    sync_every: K (the paper's H), local steps per round.
+    sync_every: K (the paper's H), local steps per round, or a function of the
+      step (:mod:`lordo_jax.schedules`).
     axis_name: the worker axis; ``None`` for one worker.
     outer_learning_rate: :math:`\eta_o`.
     outer_momentum: :math:`\mu_o`.
     nesterov: Nesterov momentum in the outer step.
     b1, b2, eps: the inner Adam's parameters.
     weight_decay: the inner AdamW's decoupled weight decay.
+    compression: ``None``, ``"bfloat16"`` or ``"int8"``: the round's messages sent
+      compressed, the pseudo-gradient with error feedback
+      (:func:`lordo_jax.synchronize`).
+    fragments: F > 1 streams the round (F fragments synced at staggered steps;
+      :func:`lordo_jax.synchronize`).
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``; its ``update`` needs params.
@@ -561,7 +626,6 @@ def diloco(
     Models <https://arxiv.org/abs/2311.08105>`_, 2023.
   """
   who = "diloco"
-  checks.positive_int(who, "sync_every", sync_every)
   checks.positive(who, "outer_learning_rate", outer_learning_rate)
   checks.in_interval(who, "outer_momentum", outer_momentum, 0.0, 1.0, closed_high=False)
   checks.one_of(who, "nesterov", nesterov, (True, False))
@@ -574,6 +638,8 @@ def diloco(
     outer_optimizer=outer,
     first_moment_every=None,
     second_moment_every=None,
+    compression=compression,
+    fragments=fragments,
     name=who,
   )
 
@@ -582,7 +648,7 @@ def lordo_local_projection(
   learning_rate: optax.ScalarOrSchedule,
   *,
   rank: int,
-  sync_every: int,
+  sync_every: Any,
   axis_name: str | None = None,
   omega: float = 0.7,
   mu: float = 1.0,
@@ -599,6 +665,8 @@ def lordo_local_projection(
   full_rank_scale: str = "scalar",
   low_rank_labels: Any = None,
   subspace_iterations: int = 2,
+  compression: str | None = None,
+  fragments: Any = 1,
 ) -> optax.GradientTransformationExtraArgs:
   r"""LoRDO ablation: each worker projects with its own gradient; moments stay local.
 
@@ -617,11 +685,16 @@ def lordo_local_projection(
   Args:
     learning_rate: a float or an optax schedule.
     rank: r.
-    sync_every: K.
+    sync_every: K, or a function of the step (:mod:`lordo_jax.schedules`).
     axis_name: the worker axis; ``None`` for one worker.
     omega, mu, b1, b2, eps, weight_decay, projection, side, transport,
       error_feedback, error_feedback_dtype, outer_optimizer, full_rank_scale,
       low_rank_labels, subspace_iterations: as in :func:`lordo`.
+    compression: ``None``, ``"bfloat16"`` or ``"int8"``: the round's messages sent
+      compressed, the pseudo-gradient with error feedback
+      (:func:`lordo_jax.synchronize`).
+    fragments: F > 1 streams the round (F fragments synced at staggered steps;
+      :func:`lordo_jax.synchronize`).
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``; its ``update`` needs params.
@@ -640,7 +713,6 @@ def lordo_local_projection(
     projection ablation).
   """
   who = "lordo_local_projection"
-  checks.positive_int(who, "sync_every", sync_every)
   low_rank, local = _low_rank_step(
     who,
     learning_rate=learning_rate,
@@ -673,6 +745,8 @@ def lordo_local_projection(
     low_rank=low_rank,
     init_projection="gradient",
     projection_source="local_gradient",
+    compression=compression,
+    fragments=fragments,
     name=who,
   )
 
@@ -681,7 +755,7 @@ def lordo_global_projection_only(
   learning_rate: optax.ScalarOrSchedule,
   *,
   rank: int,
-  sync_every: int,
+  sync_every: Any,
   **options: Any,
 ) -> optax.GradientTransformationExtraArgs:
   r"""LoRDO ablation without the full-rank term: :func:`lordo` with ``omega = 1``.

@@ -6,6 +6,9 @@ all-reduce (elements and bytes per worker, before any algorithm's factor such as
 ring all-reduce's :math:`2(M-1)/M`) to that ledger. Communication therefore cannot
 happen uncounted, and the count is exactly what the compiled program all-reduces.
 
+A mean can also be sent compressed (:func:`counted_mean`), as a reduce-scatter then an
+all-gather of bfloat16 or int8 blocks, with error feedback of what the rounding lost.
+
 Counters are exact integers held as two int32 limbs (``low + high * 2**20``), so a
 run can count up to :math:`2^{51}` elements without enabling 64-bit JAX.
 """
@@ -16,6 +19,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from lordo_jax import compression
 
 _LIMB_BITS = 20
 _LIMB = 1 << _LIMB_BITS
@@ -138,3 +143,102 @@ def counted_mean_of_present(tree: Any, present: jax.Array, ledger: Ledger, axis_
     lambda x: jnp.where(fraction > 0, x / safe.astype(x.dtype), jnp.zeros_like(x)), total
   )
   return mean, fraction, ledger
+
+
+def _compressed_mean_leaf(x, residual, axis_name, num_workers, codec, rounding):
+  """One leaf's compressed mean: ``(mean, new_residual, sent)``; see :func:`counted_mean`."""
+  target = x.astype(jnp.float32) if residual is None else x.astype(jnp.float32) + residual
+  rows, layout = compression.as_rows(target, num_workers)
+  shard_rows = rows.shape[0] // num_workers
+  values, scales = compression.encode(rows, codec, rounding)
+  own_error = rows - compression.decode(values, scales, rounding)
+
+  def split(a):
+    return None if a is None else a.reshape(num_workers, shard_rows, *a.shape[1:])
+
+  def scatter(a):
+    return None if a is None else jax.lax.all_to_all(split(a), axis_name, 0, 0)
+
+  received = compression.decode(scatter(values), scatter(scales), rounding)
+  shard = jnp.mean(received, axis=0)
+  shard_values, shard_scales = compression.encode(shard, codec, rounding)
+  shard_error = shard - compression.decode(shard_values, shard_scales, rounding)
+
+  def gather(a):
+    return None if a is None else jax.lax.all_gather(a, axis_name)
+
+  mean_rows = compression.decode(gather(shard_values), gather(shard_scales), rounding)
+  mean = compression.from_rows(mean_rows.reshape(rows.shape), layout).astype(x.dtype)
+  sent = tuple(a for a in (values, scales) if a is not None)
+  if residual is None:
+    return mean, None, sent
+  # The shard this worker reduced was rounded once more before the all-gather; its
+  # owner feeds that error back, M times over, so that the next mean carries it.
+  owner = jax.nn.one_hot(jax.lax.axis_index(axis_name), num_workers, dtype=jnp.float32)
+  error = split(own_error) + num_workers * owner[:, None, None] * shard_error[None]
+  return mean, compression.from_rows(error.reshape(rows.shape), layout), sent
+
+
+def counted_mean(
+  tree: Any,
+  ledger: Ledger,
+  axis_name: str | None,
+  *,
+  compression_codec: str | None = None,
+  residual: Any = None,
+  rounding: str = "nearest",
+):
+  r"""Mean of ``tree`` over the workers, sent as it is or compressed; counted.
+
+  Without ``compression_codec`` this is :func:`counted_pmean`. With ``"bfloat16"`` or
+  ``"int8"`` (:mod:`lordo_jax.compression`) every leaf, seen as an ``R x C`` block of
+  rows split into one shard per worker, is averaged in two collectives, as a
+  bandwidth-optimal all-reduce is:
+
+  1. reduce-scatter: each worker encodes its block and sends shard j to worker j
+     (``all_to_all``); worker j decodes the M shards it received and averages them in
+     float32;
+  2. all-gather: worker j encodes its averaged shard and sends it to every worker
+     (``all_gather``); all decode the same M shards, so they hold the same mean.
+
+  Per worker that moves :math:`2 (M - 1) / M` times the encoded block, as a ring
+  all-reduce of it would: the ledger counts the encoded block (values, and the
+  int8 row scales) as one all-reduce payload, padding included.
+
+  Error feedback (``residual``, a float32 tree like ``tree``, per worker): the
+  worker sends :math:`x + e` instead of x and keeps what the encoding lost,
+  :math:`e' = (x + e) - \mathrm{dec}(\mathrm{enc}(x + e))`; the owner of a shard also
+  keeps M times what re-encoding the averaged shard lost. Then, over any number of
+  calls, :math:`\sum_t ar y_t + \mathrm{mean}_m e_{m,T} = \sum_t \mathrm{mean}_m
+  x_{m,t}` (to float rounding; :math:`ar y_t` the means returned): nothing sent is
+  lost, only delayed. With ``residual=None`` the rounding is not fed back.
+
+  Args:
+    tree: a pytree of arrays, the same structure on every worker.
+    ledger: the caller's ledger.
+    axis_name: the worker axis, or ``None`` (one worker: nothing is sent, nothing
+      rounded).
+    compression_codec: ``None``, ``"bfloat16"`` or ``"int8"``.
+    residual: the error-feedback tree, or ``None``.
+    rounding: ``"nearest"``, or ``"up_sqrt"`` for int8 second moments
+      (:mod:`lordo_jax.compression`).
+
+  Returns:
+    ``(mean, ledger, residual)``.
+  """
+  if compression_codec is None:
+    mean, ledger = counted_pmean(tree, ledger, axis_name)
+    return mean, ledger, residual
+  if axis_name is None or not jax.tree.leaves(tree):
+    return tree, ledger, residual
+  num_workers = jax.lax.axis_size(axis_name)
+  leaves, treedef = jax.tree.flatten(tree)
+  residuals = [None] * len(leaves) if residual is None else treedef.flatten_up_to(residual)
+  results = [
+    _compressed_mean_leaf(x, e, axis_name, num_workers, compression_codec, rounding)
+    for x, e in zip(leaves, residuals, strict=True)
+  ]
+  mean = treedef.unflatten([r[0] for r in results])
+  if residual is not None:
+    residual = treedef.unflatten([r[1] for r in results])
+  return mean, record(ledger, [r[2] for r in results]), residual

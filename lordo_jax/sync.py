@@ -1,7 +1,8 @@
 r"""Infrequent synchronisation: the K-step round of SPEC section 4.
 
 :func:`synchronize` wraps a local optimizer. Every step it applies the local
-optimizer; at the end of every step with :math:`t \bmod K = 0` it also
+optimizer; at the end of every round (step :math:`t` with :math:`t \bmod K = 0` for
+an int ``sync_every``) it also
 
 1. forms the pseudo-gradient :math:`\Delta_m = \text{anchor} - \theta_m`, where
    :math:`\theta_m` is this worker's parameters after its local step;
@@ -20,8 +21,25 @@ optimizer; at the end of every step with :math:`t \bmod K = 0` it also
 Before the first step with ``init_projection="gradient"`` the first gradient is
 averaged (one counted full-size message) and every basis is computed from it.
 
-All collectives go through :func:`lordo_jax.collectives.counted_pmean`, inside
-``lax.cond`` branches, so nothing is sent or computed for the round on other steps.
+Beyond the paper, three options change how a round communicates:
+
+* ``compression="bfloat16" | "int8"``: every message is sent compressed
+  (:func:`lordo_jax.collectives.counted_mean`); the pseudo-gradient with per-worker
+  error feedback of what the rounding lost (:attr:`SynchronizeState.residual`), so
+  nothing is lost over time; the moments without (each sync replaces them by their
+  average, so there is nothing to feed a residual into), the int8 second moment
+  rounded up so Adam's denominator never shrinks.
+* ``fragments=F`` (streaming, as in Streaming DiLoCo): the parameters are cut into F
+  fragments that sync at staggered steps of the round, fragment f at the steps
+  :math:`t \equiv o_f \pmod K` (:func:`lordo_jax.schedules.fragment_offsets`). Each
+  fragment has its own outer-optimizer state; its moments are averaged and its bases
+  refreshed at its own syncs. Every leaf still syncs once per K steps, so the total
+  sent is unchanged and the largest message is about 1/F of the model.
+* ``sync_every`` a function of the step (:mod:`lordo_jax.schedules`), such as the
+  Quadratic Synchronization Rule: rounds of varying length, with no recompilation.
+
+All collectives go through :mod:`lordo_jax.collectives`, inside ``lax.cond``
+branches, so nothing is sent or computed for the round on other steps.
 """
 
 from typing import Any
@@ -31,8 +49,12 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from lordo_jax import checks
 from lordo_jax import collectives
+from lordo_jax import compression as compression_lib
+from lordo_jax import inner_state as trees
 from lordo_jax import low_rank as low_rank_lib
+from lordo_jax import schedules
 
 PROJECTION_SOURCES = ("pseudo_gradient", "local_gradient")
 
@@ -43,9 +65,12 @@ class SynchronizeState(NamedTuple):
   count: jax.Array  # int32 scalar: steps taken.
   inner_state: Any  # The local optimizer's state.
   anchor: Any  # Params at the last sync, the same on every worker (host-offloadable).
-  outer_state: Any  # The outer optimizer's state.
+  outer_state: tuple  # The outer optimizer's state, one per fragment (host-offloadable).
   ledger: collectives.Ledger  # What this wrapper has all-reduced since init.
   faults: "FaultCounts"  # Workers left out of syncs (fault_tolerant=True).
+  syncs: jax.Array  # int32[F]: syncs completed, per fragment.
+  next_sync: jax.Array  # int32 scalar: the step that ends the current round.
+  residual: Any  # float32 like params: compression error feedback; () without compression.
 
 
 class FaultCounts(NamedTuple):
@@ -56,82 +81,40 @@ class FaultCounts(NamedTuple):
   empty_syncs: jax.Array  # int32: syncs at which no worker was present.
 
 
-def _is_moment_node(x) -> bool:
-  return isinstance(x, (low_rank_lib.LowRankAdamState, optax.ScaleByAdamState))
-
-
-def _moment_tree(inner_state: Any, field: str) -> Any:
-  """The ``field`` ("mu" or "nu") moments of every Adam-like node, None elsewhere."""
-
-  def pick(node):
-    if isinstance(node, optax.ScaleByAdamState):
-      return getattr(node, field)
-    if isinstance(node, low_rank_lib.LowRankAdamState):
-      return low_rank_lib.map_matrices(lambda m: getattr(m, field), node.moments)
-    return None
-
-  return jax.tree.map(pick, inner_state, is_leaf=_is_moment_node)
-
-
-def _with_moments(inner_state: Any, field: str, moments: Any) -> Any:
-  """``inner_state`` with the ``field`` moments replaced by ``moments``."""
-
-  def put(node, new):
-    if isinstance(node, optax.ScaleByAdamState):
-      return node._replace(**{field: new})
-    if isinstance(node, low_rank_lib.LowRankAdamState):
-      merged = low_rank_lib.map_matrices(lambda m, x: m._replace(**{field: x}), node.moments, new)
-      return node._replace(moments=merged)
-    return node
-
-  return jax.tree.map(put, inner_state, moments, is_leaf=_is_moment_node)
-
-
-def average_moments(inner_state, ledger, fields: tuple[str, ...], axis_name):
-  """``pmean`` of the ``fields`` moments of every Adam-like node, in one message."""
-  moments = {f: _moment_tree(inner_state, f) for f in fields}
-  moments, ledger = collectives.counted_pmean(moments, ledger, axis_name)
-  for f in fields:
-    inner_state = _with_moments(inner_state, f, moments[f])
-  return inner_state, ledger
-
-
-def refresh_projections(inner_state, low_rank, source, *, first=False):
-  """``low_rank.refresh`` on every low-rank Adam node of ``inner_state``."""
-
-  def one(node):
-    if isinstance(node, low_rank_lib.LowRankAdamState):
-      return low_rank.refresh(node, source, first=first)
-    return node
-
-  is_node = lambda x: isinstance(x, low_rank_lib.LowRankAdamState)  # noqa: E731
-  return jax.tree.map(one, inner_state, is_leaf=is_node)
-
-
-def low_rank_leaves(inner_state, tree):
-  """``tree`` with every leaf that is not a low-rank matrix replaced by MaskedNode."""
-  masks = [
-    node.moments
-    for node in jax.tree.leaves(
-      inner_state, is_leaf=lambda x: isinstance(x, low_rank_lib.LowRankAdamState)
-    )
-    if isinstance(node, low_rank_lib.LowRankAdamState)
-  ]
-  if not masks:
-    return None
-  if len(masks) > 1:
+def _check_options(name, sync_every, fragments, compression, fault_tolerant):
+  if not callable(sync_every):
+    checks.positive_int(name, "sync_every", sync_every)
+  if compression is not None:
+    checks.one_of(name, "compression", compression, (None, *compression_lib.CODECS))
+  if callable(fragments):
+    streaming = True
+  else:
+    checks.positive_int(name, "fragments", fragments)
+    streaming = fragments > 1
+  if streaming and callable(sync_every):
     raise ValueError(
-      "synchronize found more than one scale_by_low_rank_adam state in the local "
-      "optimizer; use one low-rank transformation (route leaves with "
-      "optax.partition)."
+      f"{name}: fragments={fragments!r} staggers the fragments' syncs over a fixed "
+      "round, but sync_every is a function of the step; use an int sync_every with "
+      "fragments, or fragments=1 with a schedule."
     )
-  return low_rank_lib.map_matrices(lambda m, x: x, masks[0], tree)
+  if isinstance(fragments, int) and fragments > sync_every:
+    raise ValueError(
+      f"{name}: fragments={fragments} is not accepted with sync_every={sync_every}; "
+      f"expected at most {sync_every} fragments (each syncs at its own step of the "
+      "round)."
+    )
+  if fault_tolerant and (streaming or compression is not None):
+    raise ValueError(
+      f"{name}: fault_tolerant=True is not available with fragments={fragments!r} or "
+      f"compression={compression!r}; use fragments=1 and compression=None to leave "
+      "failed workers out of the averages."
+    )
 
 
 def synchronize(
   inner: optax.GradientTransformation,
   *,
-  sync_every: int,
+  sync_every: schedules.SyncPeriod,
   axis_name: str | None = None,
   outer_optimizer: optax.GradientTransformation | None = None,
   first_moment_every: int | None = 1,
@@ -140,9 +123,11 @@ def synchronize(
   init_projection: str | None = "gradient",
   projection_source: str = "pseudo_gradient",
   fault_tolerant: bool = False,
+  compression: str | None = None,
+  fragments: Any = 1,
   name: str = "synchronize",
 ) -> optax.GradientTransformationExtraArgs:
-  r"""Local steps with ``inner``, a synchronisation every ``sync_every`` steps.
+  r"""Local steps with ``inner``, a synchronisation at the end of every round.
 
   See the module docstring for the round. The update needs ``params``.
 
@@ -161,7 +146,8 @@ def synchronize(
     inner: the local optimizer (it produces the per-step update, learning rate
       included). Its Adam-like states (``optax.ScaleByAdamState`` and
       :class:`~lordo_jax.low_rank.LowRankAdamState`) are what gets averaged.
-    sync_every: K, steps per round.
+    sync_every: K, steps per round; or a function of the step giving each round's
+      length (:mod:`lordo_jax.schedules`, e.g. :func:`lordo_jax.quadratic_sync_rule`).
     axis_name: the worker axis (``shard_map`` mesh axis or ``pmap`` axis name);
       ``None`` for a single worker, where every collective is the identity.
     outer_optimizer: the optax transformation applied to the averaged
@@ -181,6 +167,11 @@ def synchronize(
       step, no message; the bases then differ between workers, so moments should
       not be averaged).
     fault_tolerant: leave failed or absent workers out of the averages (see above).
+    compression: ``None`` (messages in the dtype of what is sent), ``"bfloat16"`` or
+      ``"int8"`` (per-row scales), with error feedback of the pseudo-gradient.
+    fragments: F, the number of fragments synced at staggered steps (streaming),
+      at most K; or a function of the params returning a tree of fragment indices
+      (:func:`lordo_jax.schedules.fragment_labels`). 1: no streaming.
     name: how errors name this transformation.
 
   Returns:
@@ -196,38 +187,66 @@ def synchronize(
 
   References:
     Douillard et al., DiLoCo, 2023 (arXiv 2311.08105); Iacob et al., DES-LOC, 2025
-    (arXiv 2505.22549); Jovanović et al., LoRDO, 2026 (arXiv 2602.04396).
+    (arXiv 2505.22549); Jovanović et al., LoRDO, 2026 (arXiv 2602.04396); Douillard
+    et al., Streaming DiLoCo, 2025 (arXiv 2501.18512).
   """
+  _check_options(name, sync_every, fragments, compression, fault_tolerant)
   outer = optax.sgd(1.0) if outer_optimizer is None else outer_optimizer
   inner = optax.with_extra_args_support(inner)
 
+  def fragment_masks(params) -> list:
+    """One ``keep`` tree per fragment (``[None]``: no streaming)."""
+    if not callable(fragments) and fragments == 1:
+      return [None]
+    labels = schedules.fragment_labels(params, fragments)
+    treedef = jax.tree.structure(params)
+    return [treedef.unflatten([lab == f for lab in labels]) for f in range(max(labels) + 1)]
+
+  def outer_for(keep):
+    return outer if keep is None else optax.masked(outer, keep)
+
   def init_fn(params):
+    masks = fragment_masks(params)
+    residual = ()
+    if compression is not None:
+      residual = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), params)
     return SynchronizeState(
       count=jnp.zeros([], jnp.int32),
       inner_state=inner.init(params),
       anchor=params,
-      outer_state=outer.init(params),
+      outer_state=tuple(outer_for(keep).init(params) for keep in masks),
       ledger=collectives.init_ledger(),
       faults=FaultCounts(
         round_ok=jnp.ones([], jnp.bool_),
         excluded=jnp.zeros([], jnp.int32),
         empty_syncs=jnp.zeros([], jnp.int32),
       ),
+      syncs=jnp.zeros([len(masks)], jnp.int32),
+      next_sync=schedules.round_length(sync_every, 0),
+      residual=residual,
     )
 
-  def mean(tree, present, ledger):
-    """(mean over the present workers, share present, ledger)."""
+  def mean(tree, present, ledger, residual=None, rounding="nearest"):
+    """(mean over the present workers, share present, ledger, residual)."""
     if fault_tolerant:
-      return collectives.counted_mean_of_present(tree, present, ledger, axis_name)
-    tree, ledger = collectives.counted_pmean(tree, ledger, axis_name)
-    return tree, jnp.ones([], jnp.float32), ledger
+      tree, fraction, ledger = collectives.counted_mean_of_present(tree, present, ledger, axis_name)
+      return tree, fraction, ledger, residual
+    tree, ledger, residual = collectives.counted_mean(
+      tree,
+      ledger,
+      axis_name,
+      compression_codec=compression,
+      residual=residual,
+      rounding=rounding,
+    )
+    return tree, jnp.ones([], jnp.float32), ledger, residual
 
   def initial_projection(grads, state, present):
-    source = low_rank_leaves(state.inner_state, grads)
+    source = trees.low_rank_leaves(state.inner_state, grads)
     ledger = state.ledger
     if projection_source == "pseudo_gradient":
-      source, _, ledger = mean(source, present, ledger)
-    inner_state = refresh_projections(state.inner_state, low_rank, source, first=True)
+      source, _, ledger, _ = mean(source, present, ledger)
+    inner_state = trees.refresh_projections(state.inner_state, low_rank, source, first=True)
     return state._replace(inner_state=inner_state, ledger=ledger)
 
   def moment_fields(sync_index):
@@ -239,51 +258,66 @@ def synchronize(
         groups.setdefault(period, []).append(field)
     return [(sync_index % period == 0, tuple(fields)) for period, fields in groups.items()]
 
-  def average(inner_state, ledger, fields, present):
-    if not fault_tolerant:
-      return average_moments(inner_state, ledger, fields, axis_name)
-    moments = {f: _moment_tree(inner_state, f) for f in fields}
-    averaged, fraction, ledger = mean(moments, present, ledger)
+  def average(inner_state, ledger, fields, present, keep):
+    """The ``fields`` moments of the parameters in ``keep``, averaged."""
+    moments = {f: trees.moment_tree(inner_state, f, keep) for f in fields}
+    if compression is not None:
+      for f in fields:
+        rounding = "up_sqrt" if f == "nu" and compression == "int8" else "nearest"
+        moments[f], _, ledger, _ = mean(moments[f], present, ledger, rounding=rounding)
+      averaged, fraction = moments, jnp.ones([], jnp.float32)
+    else:
+      averaged, fraction, ledger, _ = mean(moments, present, ledger)
     for f in fields:
       kept = jax.tree.map(lambda a, own: jnp.where(fraction > 0, a, own), averaged[f], moments[f])
-      inner_state = _with_moments(inner_state, f, kept)
+      inner_state = trees.with_moments(inner_state, f, kept)
     return inner_state, ledger
 
-  def round_end(grads, params, local_updates, state, inner_state, present):
+  def fragment_sync(f, keep, carry, grads, params, local_updates, present):
+    """The round's end for the parameters in ``keep`` (fragment ``f``)."""
+    updates, inner_state, anchor, outer_states, ledger, faults, syncs, residual = carry
     local_params = optax.apply_updates(params, local_updates)
-    delta = jax.tree.map(lambda a, x: a - x, state.anchor, local_params)
+    delta = trees.select(jax.tree.map(lambda a, x: a - x, anchor, local_params), keep)
     if fault_tolerant:
       finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(delta)]))
       present = present & finite
-    delta, fraction, ledger = mean(delta, present, state.ledger)
+    own_residual = None if compression is None else trees.select(residual, keep)
+    delta, fraction, ledger, own_residual = mean(delta, present, ledger, own_residual)
+    if compression is not None:
+      residual = trees.merge(residual, own_residual)
     anyone = fraction > 0
-    outer_updates, outer_state = outer.update(delta, state.outer_state, state.anchor)
-    synced = optax.apply_updates(state.anchor, outer_updates)
+    full_delta = trees.merge(jax.tree.map(jnp.zeros_like, anchor), delta)
+    outer_updates, outer_state = outer_for(keep).update(full_delta, outer_states[f], anchor)
+    synced = trees.merge(anchor, trees.select(optax.apply_updates(anchor, outer_updates), keep))
 
-    sync_index = (state.count + 1) // sync_every
+    sync_index = syncs[f] + 1
     for predicate, fields in moment_fields(sync_index):
       inner_state, ledger = jax.lax.cond(
         predicate,
-        lambda s, led, f=fields: average(s, led, f, present),
+        lambda s, led, fs=fields: average(s, led, fs, present, keep),
         lambda s, led: (s, led),
         inner_state,
         ledger,
       )
     if low_rank is not None:
-      source = delta if projection_source == "pseudo_gradient" else grads
-      refreshed = refresh_projections(inner_state, low_rank, source)
+      source = delta if projection_source == "pseudo_gradient" else trees.select(grads, keep)
+      source = trees.low_rank_leaves(inner_state, source)
+      refreshed = trees.refresh_projections(inner_state, low_rank, source, keep=keep)
       inner_state = _where(anyone, refreshed, inner_state)
-    synced = _where(anyone, synced, state.anchor)
-    outer_state = _where(anyone, outer_state, state.outer_state)
-    updates = jax.tree.map(lambda s, p: (s - p).astype(p.dtype), synced, params)
+    synced = _where(anyone, synced, anchor)
+    outer_state = _where(anyone, outer_state, outer_states[f])
+    outer_states = (*outer_states[:f], outer_state, *outer_states[f + 1 :])
+    synced_updates = jax.tree.map(lambda s, p: (s - p).astype(p.dtype), synced, params)
+    updates = trees.merge(updates, trees.select(synced_updates, keep))
     workers = 1 if axis_name is None else jax.lax.axis_size(axis_name)
     absent = jnp.round((1 - fraction) * workers).astype(jnp.int32)
     faults = FaultCounts(
-      round_ok=state.faults.round_ok | True,  # a new round; stays per-worker (varying)
-      excluded=state.faults.excluded + absent,
-      empty_syncs=state.faults.empty_syncs + (~anyone).astype(jnp.int32),
+      round_ok=faults.round_ok | True,  # a new round; stays per-worker (varying)
+      excluded=faults.excluded + absent,
+      empty_syncs=faults.empty_syncs + (~anyone).astype(jnp.int32),
     )
-    return updates, inner_state, synced, outer_state, ledger, faults
+    syncs = syncs.at[f].add(1)
+    return updates, inner_state, synced, outer_states, ledger, faults, syncs, residual
 
   def update_fn(grads, state, params=None, *, worker_present=True, **extra_args):
     if params is None:
@@ -319,17 +353,38 @@ def synchronize(
       faults = faults._replace(round_ok=faults.round_ok & finite_grads)
       present = present & faults.round_ok
 
-    def keep(*_):
-      return local_updates, inner_state, state.anchor, state.outer_state, state.ledger, faults
-
-    updates, inner_state, anchor, outer_state, ledger, faults = jax.lax.cond(
-      count % sync_every == 0,
-      lambda: round_end(
-        grads, params, local_updates, state._replace(faults=faults), inner_state, present
-      ),
-      keep,
+    masks = fragment_masks(params)
+    if callable(sync_every):
+      predicates = [count == state.next_sync]
+    else:
+      offsets = schedules.fragment_offsets(sync_every, len(masks))
+      predicates = [count % sync_every == offset for offset in offsets]
+    carry = (
+      local_updates,
+      inner_state,
+      state.anchor,
+      state.outer_state,
+      state.ledger,
+      faults,
+      state.syncs,
+      state.residual,
     )
-    return updates, SynchronizeState(count, inner_state, anchor, outer_state, ledger, faults)
+    for f, (keep, predicate) in enumerate(zip(masks, predicates, strict=True)):
+      carry = jax.lax.cond(
+        predicate,
+        lambda c, f=f, keep=keep: fragment_sync(f, keep, c, grads, params, local_updates, present),
+        lambda c: c,
+        carry,
+      )
+    updates, inner_state, anchor, outer_state, ledger, faults, syncs, residual = carry
+    ends_round = predicates[-1]
+    next_sync = jnp.where(
+      ends_round, count + schedules.round_length(sync_every, count), state.next_sync
+    )
+    new_state = SynchronizeState(
+      count, inner_state, anchor, outer_state, ledger, faults, syncs, next_sync, residual
+    )
+    return updates, new_state
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 

@@ -1,6 +1,10 @@
-"""Reads the all-reduces of a compiled XLA program, and how deep in conditionals each is.
+"""Reads the collectives of a compiled XLA program, and how deep in conditionals each is.
 
-Used to check the communication ledger against what the program really sends.
+Used to check the communication ledger against what the program really sends. Reads
+both a compiled module (``compiled.as_text()``) and the program as lowered, before the
+backend's passes (``lowered.as_text(dialect="hlo")``): XLA's CPU backend widens
+bfloat16 collectives to float32, which a GPU's NCCL does not, so the dtypes the
+program asks to send are read from the lowered one.
 """
 
 import re
@@ -17,9 +21,10 @@ _DTYPE_BYTES = {
   "pred": 1,
 }
 _ARRAY = re.compile(r"\b(f32|bf16|f16|s32|u32|f64|s8|u8|pred)\[([0-9,]*)\]")
-_COMPUTATION = re.compile(r"^(ENTRY )?%([\w.\-]+) .*\{$")
+_COMPUTATION = re.compile(r"^(ENTRY )?%?([\w.\-]+) .*\{$")
 _BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
-_TRUE_FALSE = re.compile(r"(?:true|false)_computation=%([\w.\-]+)")
+_TRUE_FALSE = re.compile(r"(?:true|false)_computation=%?([\w.\-]+)")
+_CALLS = re.compile(r"\b(?:to_apply|calls)=%?([\w.\-]+)")
 
 
 def _array_bytes(type_text: str) -> tuple[int, int]:
@@ -34,10 +39,13 @@ def _array_bytes(type_text: str) -> tuple[int, int]:
   return elements, nbytes
 
 
-def all_reduces_by_depth(hlo_text: str) -> dict[int, list[tuple[int, int]]]:
-  """{conditional depth: [(elements, bytes) of each all-reduce]} of a compiled module.
+def collectives_by_depth(hlo_text: str, op: str = "all-reduce") -> dict[int, list[tuple[int, int]]]:
+  """{conditional depth: [(elements, bytes) of each ``op``]} of a compiled module.
 
-  Depth 0 is the entry computation, depth 1 a branch of a conditional in it, and so on.
+  ``op`` is an HLO collective: ``all-reduce`` (the result is the payload),
+  ``all-to-all`` (the result has the operand's size) or ``all-gather`` (the result
+  is the gathered array). Depth 0 is the entry computation, depth 1 a branch of a
+  conditional in it, and so on.
   """
   computations: dict[str, list[str]] = {}
   entry = None
@@ -55,14 +63,16 @@ def all_reduces_by_depth(hlo_text: str) -> dict[int, list[tuple[int, int]]]:
 
   def visit(name: str, depth: int):
     for line in computations[name]:
-      if " all-reduce(" in line or " all-reduce-start(" in line:
-        result_type = line.split("=", 1)[1].split(" all-reduce", 1)[0]
+      if f" {op}(" in line or f" {op}-start(" in line:
+        result_type = line.split("=", 1)[1].split(f" {op}", 1)[0]
         found.setdefault(depth, []).append(_array_bytes(result_type))
       branches = _BRANCHES.search(line)
       names = [b.strip().lstrip("%") for b in branches.group(1).split(",")] if branches else []
       names += _TRUE_FALSE.findall(line)
       for branch in names:
         visit(branch, depth + 1)
+      for called in _CALLS.findall(line):  # a call (the lowered shard_map body): same depth
+        visit(called, depth)
 
   visit(entry, 0)
   return found

@@ -363,7 +363,7 @@ def compiled_all_reduces(method):
   step, mesh = multi_worker_step(method)
   params, state = multi_worker_run(method)[-1]
   batch = workers.shard(make_batches(1)[0], mesh)
-  return hlo.all_reduces_by_depth(step.lower(params, state, batch).compile().as_text())
+  return hlo.collectives_by_depth(step.lower(params, state, batch).compile().as_text())
 
 
 @pytest.mark.parametrize("method", list(METHODS))

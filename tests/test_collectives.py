@@ -57,7 +57,7 @@ def test_every_branch_firing_sends_what_the_ledger_says():
   """sync_every=1: step 1 runs every conditional, so it sends every all-reduce."""
   tx = lordo_jax.lordo(1e-2, rank=RANK, sync_every=1, axis_name=workers.AXIS)
   history, text = compiled_text(tx)
-  found = hlo.all_reduces_by_depth(text)
+  found = hlo.collectives_by_depth(text)
   assert 0 not in found, "an all-reduce outside a conditional runs on every step"
   program_elements = sum(e for depth in found.values() for e, _ in depth)
   program_bytes = sum(b for depth in found.values() for _, b in depth)
@@ -84,7 +84,7 @@ def test_ledger_follows_the_schedule_of_the_compiled_branches(sync_every, moment
   history, step = workers.run(tx, loss, PARAMS, batches(steps), M)
   params, state = history[-1]
   text = step.lower(params, state, workers.shard(batches(1)[0], step_mesh())).compile().as_text()
-  found = hlo.all_reduces_by_depth(text)
+  found = hlo.collectives_by_depth(text)
   assert sorted(found) == [1, 2]
   round_bytes = sum(b for _, b in found[1])
   moment_bytes = sum(b for _, b in found[2])
