@@ -103,9 +103,9 @@ def fragment_labels(params, fragments) -> list[int]:
   """The fragment of every leaf of ``params``, in flattening order.
 
   ``fragments`` is an int F: the leaves, in flattening order (for a model, roughly
-  layer by layer), cut into F contiguous groups of about equal size (leaf ``i``
-  goes to fragment ``floor(F c_i / total)``, ``c_i`` the elements before its
-  middle). Or a function of ``params`` returning a tree of fragment indices (ints in
+  layer by layer), cut into F contiguous non-empty groups whose largest is as small
+  as it can be (the smallest capacity a greedy fill fits in, found by bisection).
+  Or a function of ``params`` returning a tree of fragment indices (ints in
   ``[0, F)``, F their maximum plus one), to choose the split yourself.
   """
   if callable(fragments):
@@ -116,15 +116,34 @@ def fragment_labels(params, fragments) -> list[int]:
       )
     return labels
   sizes = [int(np.prod(np.shape(x))) for x in jax.tree.leaves(params)]
-  total, before, labels = max(sum(sizes), 1), 0, []
-  for size in sizes:
-    labels.append(min(fragments - 1, int(fragments * (before + size / 2) / total)))
-    before += size
-  empty = sorted(set(range(fragments)) - set(labels))
-  if empty:
+  if fragments > len(sizes):
     raise ValueError(
-      f"fragments={fragments}: fragment(s) {empty} would hold no leaf (the params have "
-      f"{len(sizes)} leaves, sizes {sizes[:8]}{'...' if len(sizes) > 8 else ''}). Use fewer "
-      "fragments, or pass a function of the params that labels each leaf."
+      f"fragments={fragments} is more than the {len(sizes)} leaves of the params; a "
+      "leaf is never split. Use at most that many fragments."
     )
-  return labels
+
+  def fill(capacity):
+    """Greedy contiguous fill, leaving a leaf for every fragment still to come."""
+    labels, fragment, load = [], 0, 0
+    for i, size in enumerate(sizes):
+      left = len(sizes) - i
+      if (
+        load
+        and fragment < fragments - 1
+        and (load + size > capacity or left < fragments - fragment)
+      ):
+        fragment, load = fragment + 1, 0
+      labels.append(fragment)
+      load += size
+    return labels
+
+  def largest(labels):
+    return max(
+      sum(s for s, lab in zip(sizes, labels, strict=True) if lab == f) for f in range(fragments)
+    )
+
+  low, high = max(sizes), sum(sizes)
+  while low < high:
+    middle = (low + high) // 2
+    low, high = (low, middle) if largest(fill(middle)) <= middle else (middle + 1, high)
+  return fill(low)

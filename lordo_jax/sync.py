@@ -97,7 +97,7 @@ def _check_options(name, sync_every, fragments, compression, fault_tolerant):
       "round, but sync_every is a function of the step; use an int sync_every with "
       "fragments, or fragments=1 with a schedule."
     )
-  if isinstance(fragments, int) and fragments > sync_every:
+  if isinstance(fragments, int) and not callable(sync_every) and fragments > sync_every:
     raise ValueError(
       f"{name}: fragments={fragments} is not accepted with sync_every={sync_every}; "
       f"expected at most {sync_every} fragments (each syncs at its own step of the "
