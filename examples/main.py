@@ -3,6 +3,9 @@ r"""Train a byte-level transformer LM with LoRDO and its baselines on simulated 
     python3 examples/main.py                      # LoRDO, low-rank DDP, DDP, DiLoCo
     python3 examples/main.py --methods lordo,ddp --steps 200 --workers 4
     python3 examples/main.py --text my_book.txt --preset base
+    python3 examples/main.py --param-dtype bfloat16       # bf16 params, f32 moments
+    python3 examples/main.py --checkpoint-dir ckpt --checkpoint-every 32
+    python3 examples/main.py --checkpoint-dir ckpt --resume   # after a stop
 
 Every run trains the same model from the same initialisation on the same data, with
 ``--workers`` workers on a mesh of ``--devices`` simulated CPU devices, and logs the
@@ -12,6 +15,10 @@ state's ledger). At the end it prints a table and writes ``results.json``,
 
 Losses are in nats per byte; the unigram entropy of the text (the best loss of a
 model that ignores context) is printed for reference.
+
+With ``--checkpoint-dir`` each method saves checkpoints under ``DIR/<method>``;
+``--resume`` continues every method that has one from its latest (a method without
+one starts afresh), and the resumed run ends bit-identical to one that never stopped.
 """
 
 import os
@@ -93,6 +100,37 @@ def parse_args(argv=None) -> argparse.Namespace:
   add("--eval-every", type=int, default=16, help="steps between validation evaluations")
   add("--eval-windows", type=int, default=64, help="validation windows per evaluation")
   add("--text", default=None, help="train on this text file instead of pydoc_data.topics")
+  add(
+    "--param-dtype",
+    choices=("float32", "bfloat16"),
+    default="float32",
+    help="dtype of the parameters, gradients and activations; the optimizer's moments "
+    "and projections stay float32",
+  )
+  add(
+    "--checkpoint-dir",
+    default=None,
+    help="save checkpoints (params, whole optimizer state, data position, step) of "
+    "each method under DIR/<method>",
+  )
+  add(
+    "--checkpoint-every",
+    type=int,
+    default=0,
+    help="steps between checkpoints (0: only at the end of the run)",
+  )
+  add(
+    "--resume",
+    action="store_true",
+    help="continue each method from its latest checkpoint in --checkpoint-dir",
+  )
+  add(
+    "--stop-after",
+    type=int,
+    default=None,
+    help="stop each method after this step and checkpoint it (a time-limited job); "
+    "continue later with --resume",
+  )
   add("--out", default="runs/lm", help="output directory for results.json and plots")
   add("--no-progress", action="store_true", help="no progress bars")
   return parser.parse_args(argv)
@@ -129,6 +167,20 @@ def check_args(args: argparse.Namespace) -> None:
     )
   if args.text is not None and not pathlib.Path(args.text).is_file():
     raise UsageError(f"--text {args.text}: no such file; give the path of a text file.")
+  if args.checkpoint_every < 0:
+    raise UsageError(
+      f"--checkpoint-every {args.checkpoint_every} is not allowed; use 0 (only at the end) or more."
+    )
+  if args.stop_after is not None and args.stop_after < 1:
+    raise UsageError(f"--stop-after {args.stop_after} is not allowed; use 1 or more.")
+  if args.checkpoint_dir is None:
+    for option, given in (
+      ("--resume", args.resume),
+      ("--checkpoint-every", args.checkpoint_every),
+      ("--stop-after", args.stop_after is not None),
+    ):
+      if given:
+        raise UsageError(f"{option} needs --checkpoint-dir; give one: --checkpoint-dir DIR.")
 
 
 def main(argv=None) -> int:
@@ -143,12 +195,14 @@ def main(argv=None) -> int:
   jax.config.update("jax_num_cpu_devices", args.devices)
 
   if __package__:
+    from .lm import checkpoints
     from .lm import data
     from .lm import model
     from .lm import optimizers
     from .lm import report
     from .lm import train
   else:
+    from lm import checkpoints
     from lm import data
     from lm import model
     from lm import optimizers
@@ -167,41 +221,29 @@ def main(argv=None) -> int:
       batch_size=args.batch,
       name=name,
     )
+    config = make_config(args, rank, train)
+    configs = resume_plan(args, methods, config, model_config, dataset, checkpoints)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-  except (UsageError, data.DataError) as error:
+  except (UsageError, data.DataError, checkpoints.ResumeError) as error:
     return fail(error)
   except OSError as error:
     return fail(UsageError(f"--out {args.out}: cannot write there ({error}); use another --out."))
 
-  config = train.TrainConfig(
-    steps=args.steps,
-    num_workers=args.workers,
-    batch_size=args.batch,
-    learning_rate=args.lr,
-    warmup_steps=args.warmup,
-    weight_decay=args.weight_decay,
-    rank=rank,
-    sync_every=args.sync_every,
-    refresh_every=args.refresh_every or args.sync_every,
-    seed=args.seed,
-    eval_every=args.eval_every,
-    eval_windows=args.eval_windows,
-  )
   _, params = model.init(model_config, args.seed)
   print(
     f"{dataset.name}: {dataset.num_bytes} bytes, unigram entropy "
     f"{dataset.unigram_entropy:.3f} nats/byte | model {args.preset}: "
-    f"{model.num_params(params)} params | {args.workers} worker(s) on {args.devices} "
-    f"devices, rank {rank}, K={args.sync_every}, {args.steps} steps x {args.batch} x "
-    f"{model_config.seq_len} bytes per worker",
+    f"{model.num_params(params)} {args.param_dtype} params | {args.workers} worker(s) on "
+    f"{args.devices} devices, rank {rank}, K={args.sync_every}, {args.steps} steps x "
+    f"{args.batch} x {model_config.seq_len} bytes per worker",
     flush=True,
   )
   start = time.perf_counter()
   results = []
   for method in methods:
     results.append(
-      train.train(method, config, model_config, dataset, progress=not args.no_progress)
+      train.train(method, configs[method], model_config, dataset, progress=not args.no_progress)
     )
   total = time.perf_counter() - start
 
@@ -227,6 +269,58 @@ def main(argv=None) -> int:
   written = ", ".join(map(str, [out / report.JSON_NAME, *plots]))
   print(f"total wall time {total:.0f} s; wrote {written}")
   return 0
+
+
+def make_config(args: argparse.Namespace, rank: int, train):
+  """The ``TrainConfig`` the options describe (no checkpoint directory yet)."""
+  return train.TrainConfig(
+    steps=args.steps,
+    num_workers=args.workers,
+    batch_size=args.batch,
+    learning_rate=args.lr,
+    warmup_steps=args.warmup,
+    weight_decay=args.weight_decay,
+    rank=rank,
+    sync_every=args.sync_every,
+    refresh_every=args.refresh_every or args.sync_every,
+    seed=args.seed,
+    eval_every=args.eval_every,
+    eval_windows=args.eval_windows,
+    param_dtype=args.param_dtype,
+    checkpoint_every=args.checkpoint_every,
+    stop_after=args.stop_after,
+  )
+
+
+def resume_plan(args, methods, config, model_config, dataset, checkpoints) -> dict:
+  """Each method's ``TrainConfig``: its checkpoint directory and whether it resumes.
+
+  Raises a UsageError or a ``checkpoints.ResumeError`` (each one line saying what to
+  change) for ``--resume`` with no checkpoint of any method, a checkpoint written
+  with other options, or checkpoints already there without ``--resume``.
+  """
+  if args.checkpoint_dir is None:
+    return dict.fromkeys(methods, config)
+  root = pathlib.Path(args.checkpoint_dir)
+  found = {m: checkpoints.latest_step(root / m) for m in methods}
+  if args.resume and all(step is None for step in found.values()):
+    held = []
+    if root.is_dir():
+      held = sorted(p.name for p in root.iterdir() if checkpoints.latest_step(p) is not None)
+    hint = (
+      f" (it holds {','.join(held)}; use --methods {','.join(held)})"
+      if held
+      else "; train without --resume first, or give the --checkpoint-dir of an earlier run"
+    )
+    raise UsageError(f"--resume: no checkpoint of {','.join(methods)} in {root}{hint}.")
+  configs = {}
+  for method, step in found.items():
+    configs[method] = dataclasses.replace(
+      config, checkpoint_dir=str(root / method), resume=args.resume and step is not None
+    )
+    settings = checkpoints.settings(method, configs[method], model_config, dataset)
+    checkpoints.check(configs[method].checkpoint_dir, settings, resume=configs[method].resume)
+  return configs
 
 
 def resolve_methods(spec: str | None, optimizers) -> list[str]:

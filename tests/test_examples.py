@@ -148,7 +148,8 @@ def test_main_help_documents_every_option():
   assert proc.returncode == 0
   for option in (
     "--methods", "--workers", "--rank", "--sync-every", "--steps", "--seed", "--preset",
-    "--lr", "--batch", "--out", "--text", "--devices",
+    "--lr", "--batch", "--out", "--text", "--devices", "--param-dtype", "--checkpoint-dir",
+    "--checkpoint-every", "--resume", "--stop-after",
   ):  # fmt: skip
     assert option in proc.stdout
 
@@ -160,6 +161,12 @@ BAD_INPUTS = {
   "too_many_workers": (["--workers", "16"], "more than the 8"),
   "rank_too_large": (["--preset", "tiny", "--rank", "32"], "not smaller than the model"),
   "unknown_method": (["--methods", "lordo,adam"], "not available"),
+  "resume_without_directory": (["--resume"], "--resume needs --checkpoint-dir"),
+  "stop_without_directory": (["--stop-after", "5"], "--stop-after needs --checkpoint-dir"),
+  "resume_without_checkpoint": (
+    ["--resume", "--checkpoint-dir", "{tmp}/no_checkpoints"],
+    "--resume: no checkpoint of lordo",
+  ),
 }
 
 

@@ -94,7 +94,8 @@ class Batches:
   """Random training windows: each call gives ``(M, batch_size, seq_len + 1)`` int32.
 
   Worker m's windows come from shard m only, drawn by its own generator, so a run is
-  reproducible from ``seed``.
+  reproducible from ``seed``. :meth:`position` and :meth:`seek` read and set where
+  the generators are, so a restarted run draws the batches it would have drawn.
   """
 
   def __init__(self, dataset: Dataset, *, seq_len: int, batch_size: int, seed: int):
@@ -107,6 +108,15 @@ class Batches:
       starts = rng.integers(0, len(shard) - self.window + 1, self.batch_size)
       batches.append(np.stack([shard[s : s + self.window] for s in starts]))
     return np.stack(batches).astype(np.int32)
+
+  def position(self) -> list[dict]:
+    """Every worker's generator state, JSON-ready (NumPy's ``bit_generator.state``)."""
+    return [rng.bit_generator.state for rng in self.rngs]
+
+  def seek(self, position: list[dict]) -> None:
+    """Continues from a :meth:`position` of the same data and worker count."""
+    for rng, state in zip(self.rngs, position, strict=True):
+      rng.bit_generator.state = state
 
 
 def validation_windows(dataset: Dataset, *, seq_len: int, max_windows: int) -> np.ndarray:

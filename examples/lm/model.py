@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import optax
 from flax import nnx
 
@@ -127,15 +128,31 @@ def init(config: ModelConfig, seed: int) -> tuple[Callable, dict]:
   return apply, nnx.to_pure_dict(state)
 
 
+def cast(params: Any, dtype: str) -> Any:
+  """``params`` with every floating-point leaf in ``dtype`` (``"float32"``, ``"bfloat16"``).
+
+  A bfloat16 model computes in bfloat16 (Flax promotes inputs to the parameters'
+  dtype), keeps its normalisation statistics in float32 (Flax's default) and its
+  loss in float32 (:func:`loss_fn`).
+  """
+  return jax.tree.map(
+    lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, params
+  )
+
+
 def param_shapes(config: ModelConfig) -> dict:
   """The params tree as ``jax.ShapeDtypeStruct`` leaves, without allocating them."""
   return jax.eval_shape(lambda: init(config, 0)[1])
 
 
 def loss_fn(apply: Callable, params: dict, batch_BT1: jax.Array) -> jax.Array:
-  """Mean next-byte cross entropy (nats) over a batch of ``T + 1`` byte windows."""
+  """Mean next-byte cross entropy (nats) over a batch of ``T + 1`` byte windows.
+
+  The softmax and the mean are taken in float32 whatever the parameter dtype: with
+  bfloat16 parameters the logits are bfloat16, too coarse for a loss near 1 nat.
+  """
   inputs_BT, targets_BT = batch_BT1[:, :-1], batch_BT1[:, 1:]
-  logits_BTV = apply(params, inputs_BT)
+  logits_BTV = apply(params, inputs_BT).astype(jnp.float32)
   return optax.softmax_cross_entropy_with_integer_labels(logits_BTV, targets_BT).mean()
 
 

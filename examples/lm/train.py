@@ -10,6 +10,12 @@ step body is the ordinary single-worker optax step.
 
 jaxlib 0.10 on CPU can deadlock when several multi-device programs are in flight,
 so every step blocks until its outputs are ready, and host-side reductions use NumPy.
+
+With ``param_dtype="bfloat16"`` the parameters (and so the gradients and the
+activations) are bfloat16, while the optimizer keeps its moments and projections in
+float32 (every ``lordo_jax`` method does). With ``checkpoint_dir`` the loop saves
+checkpoints (:mod:`.checkpoints`), and ``resume=True`` continues from the latest one
+exactly as the run would have gone on without the stop.
 """
 
 import dataclasses
@@ -27,6 +33,7 @@ from tqdm.auto import tqdm
 
 import lordo_jax
 
+from . import checkpoints
 from . import data as data_lib
 from . import metrics as metrics_lib
 from . import model as model_lib
@@ -54,6 +61,12 @@ class TrainConfig:
   eval_windows: int = 64
   # Further keyword arguments of the method's factory, e.g. {"omega": 1.0}.
   optimizer_options: tuple[tuple[str, Any], ...] = ()
+  # "bfloat16": parameters, gradients and activations in bfloat16 (moments float32).
+  param_dtype: str = "float32"
+  checkpoint_dir: str | None = None  # Where this run's checkpoints go; None: none.
+  checkpoint_every: int = 0  # Steps between checkpoints; 0: only at the end of a call.
+  resume: bool = False  # Continue from the latest checkpoint in checkpoint_dir.
+  stop_after: int | None = None  # End this call after this step (a time-limited job).
 
 
 @dataclasses.dataclass
@@ -64,12 +77,13 @@ class RunResult:
   final_val_loss: float
   communicated_bytes: int
   state_bytes: dict[str, int]
-  wall_time_s: float
+  wall_time_s: float  # Summed over the calls of a stopped and resumed run.
   compile_time_s: float
   train_loss: list[float]  # Mean over workers, every step.
   step_time_s: list[float]  # Wall time of every step (step 1 includes compilation).
   bytes_sent: list[int]  # Bytes all-reduced per worker since init, after every step.
   evals: list[dict[str, Any]]  # step, val_loss and the metrics of that step.
+  resumed_from: int = 0  # The checkpoint's step this call continued from (0: none).
 
 
 def make_mesh(num_workers: int) -> jax.sharding.Mesh:
@@ -121,11 +135,27 @@ def make_evaluate(apply: Callable, windows: np.ndarray, chunk: int = 32) -> Call
   chunks = [windows[i : i + chunk] for i in range(0, len(windows), chunk)]
 
   def evaluate(stacked_params) -> float:
-    host = jax.tree.map(lambda x: np.asarray(jax.device_get(x)).mean(0), stacked_params)
+    host = jax.tree.map(
+      lambda x: np.asarray(jax.device_get(x), np.float32).mean(0).astype(x.dtype), stacked_params
+    )
     total = sum(float(loss(host, c)) * len(c) for c in chunks)
     return total / len(windows)
 
   return evaluate
+
+
+def make_optimizer(method: str, config: TrainConfig) -> optax.GradientTransformation:
+  """``lordo_jax.<method>`` configured by ``config``, for one worker's params."""
+  return optimizers.get_optimizer(
+    method,
+    learning_rate=optimizers.schedule(config.learning_rate, config.steps, config.warmup_steps),
+    axis_name=AXIS,
+    rank=config.rank,
+    sync_every=config.sync_every,
+    refresh_every=config.refresh_every,
+    weight_decay=config.weight_decay,
+    extra_options=dict(config.optimizer_options),
+  )
 
 
 def train(
@@ -136,20 +166,25 @@ def train(
   *,
   progress: bool = True,
 ) -> RunResult:
-  """Trains ``model_config`` with ``lordo_jax.<method>`` on ``dataset``."""
+  """Trains ``model_config`` with ``lordo_jax.<method>`` on ``dataset``.
+
+  With ``config.checkpoint_dir`` a checkpoint is saved every
+  ``config.checkpoint_every`` steps and after the call's last step (``steps``, or
+  ``stop_after``); the two latest are kept. With ``config.resume`` the run continues
+  from the latest one: parameters, optimizer state, data position and curves, so
+  that it ends bit-identical to a run that never stopped. (The first step after a
+  restart includes compilation; the first basis similarity after it is measured
+  from the restored bases.)
+
+  Raises:
+    checkpoints.ResumeError: ``resume`` without a checkpoint, a checkpoint of other
+      settings (method, rank, ...), or checkpoints already there without ``resume``.
+  """
   start = time.perf_counter()
   m = config.num_workers
   apply, params = model_lib.init(model_config, config.seed)
-  tx = optimizers.get_optimizer(
-    method,
-    learning_rate=optimizers.schedule(config.learning_rate, config.steps, config.warmup_steps),
-    axis_name=AXIS,
-    rank=config.rank,
-    sync_every=config.sync_every,
-    refresh_every=config.refresh_every,
-    weight_decay=config.weight_decay,
-    extra_options=dict(config.optimizer_options),
-  )
+  params = model_lib.cast(params, config.param_dtype)
+  tx = make_optimizer(method, config)
   mesh = make_mesh(m)
   opt_state = stack(tx.init(params), m)
   state_spec = jax.tree.map(lambda _: P(AXIS), opt_state)
@@ -167,42 +202,78 @@ def train(
   )
   evaluate = make_evaluate(apply, windows)
   tracker = metrics_lib.ProjectionTracker()
+  saver = None
+  if config.checkpoint_dir is not None:
+    settings = checkpoints.settings(method, config, model_config, dataset)
+    saver = checkpoints.RunCheckpoints(
+      config.checkpoint_dir, settings, resume=config.resume, every=config.checkpoint_every
+    )
+  elif config.resume:
+    raise checkpoints.ResumeError("--resume needs the --checkpoint-dir of the run to continue.")
+  first = saver.resume_step if saver is not None else 0
+  if first:
+    params, opt_state, saved = saver.restore(params, opt_state)
+    batches.seek(saved["data_position"])
+    history = saved["history"]
   tracker(opt_state)
-  evals = [
-    {"step": 0, "val_loss": evaluate(params)}
-    | metrics_lib.step_metrics(opt_state, config.sync_every, tracker)
-  ]
-  train_loss, step_times, bytes_sent, compile_time = [], [], [], 0.0
-  bar = tqdm(range(1, config.steps + 1), desc=f"{method:>12}", disable=not progress, leave=True)
+  if not first:
+    history = {"train_loss": [], "step_time_s": [], "bytes_sent": [], "wall_time_s": 0.0}
+    history["evals"] = [
+      {"step": 0, "val_loss": evaluate(params)}
+      | metrics_lib.step_metrics(opt_state, config.sync_every, tracker)
+    ]
+  last = min(config.steps, config.stop_after or config.steps)
+  compile_time = 0.0
+  bar = tqdm(
+    range(first + 1, last + 1),
+    desc=f"{method:>12}",
+    total=config.steps,
+    initial=first,
+    disable=not progress,
+    leave=True,
+  )
   for t in bar:
     tic = time.perf_counter()
     batch = jax.device_put(batches(), batch_sharding)
     params, opt_state, loss = step(params, opt_state, batch)
     jax.block_until_ready((params, opt_state, loss))
-    step_times.append(time.perf_counter() - tic)
-    if t == 1:
-      compile_time = step_times[0]
-    train_loss.append(float(np.asarray(loss).mean()))
-    bytes_sent.append(lordo_jax.communicated_bytes(opt_state))
+    history["step_time_s"].append(time.perf_counter() - tic)
+    if t == first + 1:
+      compile_time = history["step_time_s"][-1]
+    history["train_loss"].append(float(np.asarray(loss).mean()))
+    history["bytes_sent"].append(lordo_jax.communicated_bytes(opt_state))
     if t % config.eval_every == 0 or t == config.steps:
       record = {"step": t, "val_loss": evaluate(params)}
       record |= metrics_lib.step_metrics(opt_state, config.sync_every, tracker)
-      evals.append(record)
+      history["evals"].append(record)
       bar.set_postfix(
-        loss=f"{train_loss[-1]:.3f}",
+        loss=f"{history['train_loss'][-1]:.3f}",
         val=f"{record['val_loss']:.3f}",
         sent=f"{record['bytes'] / 2**20:.1f}MiB",
       )
+    if saver is not None and saver.due(t, last):
+      elapsed = history["wall_time_s"] + time.perf_counter() - start
+      saver.save(
+        t,
+        params,
+        opt_state,
+        data_position=batches.position(),
+        history=history | {"wall_time_s": elapsed},
+      )
   bar.close()
+  if saver is not None:
+    saver.close()
+  evals = history["evals"]
   return RunResult(
     method=method,
     final_val_loss=evals[-1]["val_loss"],
-    communicated_bytes=evals[-1]["bytes"],
+    communicated_bytes=lordo_jax.communicated_bytes(opt_state),
     state_bytes=metrics_lib.state_bytes(opt_state),
-    wall_time_s=time.perf_counter() - start,
+    wall_time_s=history["wall_time_s"] + time.perf_counter() - start,
     compile_time_s=compile_time,
-    train_loss=train_loss,
-    step_time_s=step_times,
-    bytes_sent=bytes_sent,
+    train_loss=history["train_loss"],
+    step_time_s=history["step_time_s"],
+    bytes_sent=history["bytes_sent"],
     evals=evals,
+    resumed_from=first,
   )
