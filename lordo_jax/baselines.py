@@ -421,6 +421,7 @@ def local_adam(
   weight_decay: float = 0.0,
   compression: str | None = None,
   fragments: Any = 1,
+  fault_tolerant: bool = False,
 ) -> optax.GradientTransformationExtraArgs:
   r"""Local Adam: local AdamW steps; params and both moments averaged every K steps.
 
@@ -447,6 +448,8 @@ def local_adam(
       (:func:`lordo_jax.synchronize`).
     fragments: F > 1 streams the round (F fragments synced at staggered steps;
       :func:`lordo_jax.synchronize`).
+    fault_tolerant: leave failed or absent workers out of the averages
+      (``update(..., worker_present=False)``; :func:`lordo_jax.synchronize`).
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``; its ``update`` needs params.
@@ -473,6 +476,7 @@ def local_adam(
     second_moment_every=1,
     compression=compression,
     fragments=fragments,
+    fault_tolerant=fault_tolerant,
     name=who,
   )
 
@@ -501,6 +505,7 @@ def desloc(
   weight_decay: float = 0.0,
   compression: str | None = None,
   fragments: Any = 1,
+  fault_tolerant: bool = False,
 ) -> optax.GradientTransformationExtraArgs:
   r"""DES-LOC: local AdamW with independent periods for params and each moment.
 
@@ -529,6 +534,8 @@ def desloc(
       (:func:`lordo_jax.synchronize`).
     fragments: F > 1 streams the round (F fragments synced at staggered steps;
       :func:`lordo_jax.synchronize`).
+    fault_tolerant: leave failed or absent workers out of the averages
+      (``update(..., worker_present=False)``; :func:`lordo_jax.synchronize`).
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``; its ``update`` needs params.
@@ -561,6 +568,7 @@ def desloc(
     ),
     compression=compression,
     fragments=fragments,
+    fault_tolerant=fault_tolerant,
     name=who,
   )
 
@@ -579,6 +587,7 @@ def diloco(
   weight_decay: float = 0.0,
   compression: str | None = None,
   fragments: Any = 1,
+  fault_tolerant: bool = False,
 ) -> optax.GradientTransformationExtraArgs:
   r"""DiLoCo: local AdamW, an outer Nesterov SGD on the averaged pseudo-gradient.
 
@@ -610,6 +619,8 @@ def diloco(
       (:func:`lordo_jax.synchronize`).
     fragments: F > 1 streams the round (F fragments synced at staggered steps;
       :func:`lordo_jax.synchronize`).
+    fault_tolerant: leave failed or absent workers out of the averages
+      (``update(..., worker_present=False)``; :func:`lordo_jax.synchronize`).
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``; its ``update`` needs params.
@@ -640,6 +651,7 @@ def diloco(
     second_moment_every=None,
     compression=compression,
     fragments=fragments,
+    fault_tolerant=fault_tolerant,
     name=who,
   )
 
@@ -667,6 +679,7 @@ def lordo_local_projection(
   subspace_iterations: int = 2,
   compression: str | None = None,
   fragments: Any = 1,
+  fault_tolerant: bool = False,
 ) -> optax.GradientTransformationExtraArgs:
   r"""LoRDO ablation: each worker projects with its own gradient; moments stay local.
 
@@ -695,6 +708,8 @@ def lordo_local_projection(
       (:func:`lordo_jax.synchronize`).
     fragments: F > 1 streams the round (F fragments synced at staggered steps;
       :func:`lordo_jax.synchronize`).
+    fault_tolerant: leave failed or absent workers out of the averages
+      (``update(..., worker_present=False)``; :func:`lordo_jax.synchronize`).
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``; its ``update`` needs params.
@@ -747,6 +762,7 @@ def lordo_local_projection(
     projection_source="local_gradient",
     compression=compression,
     fragments=fragments,
+    fault_tolerant=fault_tolerant,
     name=who,
   )
 

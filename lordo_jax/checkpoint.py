@@ -357,6 +357,8 @@ def restore(directory, step: int | None, params_like: Any, opt_state_like: Any):
 
 
 def latest_step(directory) -> int | None:
-  """The newest step saved under ``directory``, or ``None``."""
+  """The newest step saved under ``directory``, or ``None`` (creates nothing)."""
+  if not os.path.isdir(os.fspath(directory)):
+    return None
   with Checkpointer(directory, async_save=False) as checkpointer:
     return checkpointer.latest_step()

@@ -54,6 +54,7 @@ from lordo_jax import collectives
 from lordo_jax import compression as compression_lib
 from lordo_jax import inner_state as trees
 from lordo_jax import low_rank as low_rank_lib
+from lordo_jax import precision
 from lordo_jax import schedules
 
 PROJECTION_SOURCES = ("pseudo_gradient", "local_gradient")
@@ -191,7 +192,8 @@ def synchronize(
     et al., Streaming DiLoCo, 2025 (arXiv 2501.18512).
   """
   _check_options(name, sync_every, fragments, compression, fault_tolerant)
-  outer = optax.sgd(1.0) if outer_optimizer is None else outer_optimizer
+  # The outer optimizer's state (DiLoCo's momentum) is float32 whatever the params.
+  outer = precision.in_float32(optax.sgd(1.0) if outer_optimizer is None else outer_optimizer)
   inner = optax.with_extra_args_support(inner)
 
   def fragment_masks(params) -> list:

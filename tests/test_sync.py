@@ -9,6 +9,8 @@
 * ``jax.pmap`` and ``jax.shard_map`` compute the same thing.
 """
 
+import jax
+import jax.numpy as jnp
 import lordo_reference as ref
 import multiworker
 import numpy as np
@@ -129,3 +131,14 @@ def test_pmap_matches_shard_map():
         np.testing.assert_allclose(
           a[leaf], b[leaf], rtol=1e-6, atol=1e-6, err_msg=f"step {t}, worker {m}, {leaf}"
         )
+
+
+def test_outer_momentum_is_float32_for_bfloat16_params():
+  params = {"w": jnp.ones((4, 3), jnp.bfloat16)}
+  tx = lordo_jax.diloco(1e-2, sync_every=1)
+  state = tx.init(params)
+  updates, state = tx.update(jax.tree.map(jnp.ones_like, params), state, params)
+  traces = [x for x in jax.tree.leaves(state.outer_state) if x.ndim == 2]
+  assert traces and all(x.dtype == jnp.float32 for x in traces)
+  assert updates["w"].dtype == jnp.bfloat16
+  assert np.all(np.asarray(traces[0]) != 0)  # the momentum moved
