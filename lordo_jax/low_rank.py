@@ -1,7 +1,7 @@
 r"""Low-rank Adam: moments kept in an r-dimensional subspace of each matrix.
 
-The local step of SPEC section 3, for one ``p x q`` matrix in its oriented frame
-(the left case; the right case is the left case of the transpose):
+The local step of SPEC section 3, for one ``p x q`` matrix, written for the left
+case (Q is ``p x r``; the right case is the left case of the transpose):
 
 .. math::
   A &= G + E, \qquad c = Q^\top A, \qquad E \leftarrow A - Q c \\
@@ -11,19 +11,30 @@ The local step of SPEC section 3, for one ``p x q`` matrix in its oriented frame
   L = Q \left(\frac{u / (1 - \beta_1^t)}{D}\right) \\
   \text{direction} &= (1 - \omega) \frac{G}{\mu s} + \omega L
 
+The step works on each leaf's own ``p x q`` matrix and never transposes it. The
+coordinates, moments and denominator are kept in the frame SPEC section 2 writes
+them in: ``r x q`` on the left (:math:`c = Q^\top A`, :math:`L = Q X`), ``p x r`` on
+the right (Q is ``q x r``, :math:`c = A Q`, :math:`L = X Q^\top`). Both products
+are then plain row-major matrix products, which XLA's CPU matmul runs at full speed
+(a transposed result, as an ``r x p`` frame on the right would need, ran 2x slower).
+Per step that is two ``p x q x r`` products and a few elementwise passes; each basis
+matrix is formed once per step (for ``dct``, gathered from a cosine table, see
+:mod:`lordo_jax.projection`).
+
 The error buffer E exists only with ``error_feedback=True``. When the basis is
 refreshed, the moments are carried into the new one (``transport``, SPEC 4.6):
 
 * ``rotate`` (LDAdam): with :math:`R = Q_\text{new}^\top Q_\text{old}`,
   :math:`u \leftarrow R u`, and the bias-corrected second moment becomes
   :math:`|(R \odot R)\,\mathrm{var} + (R \hat m)^2|` with
-  :math:`\mathrm{var} = \max(\hat v - \hat m^2, 0)`;
+  :math:`\mathrm{var} = \max(\hat v - \hat m^2, 0)` (right case: R acts on the
+  last axis, :math:`u R^\top`);
 * ``keep`` (GaLore): the moments are reused as they are;
 * ``reset``: the moments restart from zero.
 
 This transformation does not communicate, except in one opt-in mode:
 ``average_coordinates_over=axis_name`` (low-rank DDP's ``communicate="projected"``)
-averages the ``r x q`` coordinates c over the workers every step, and the full
+averages the coordinates c (``r x q`` or ``p x r``) over the workers every step, and the full
 gradient on refresh steps only, through :func:`lordo_jax.counted_pmean` with a ledger
 kept in the state. Who refreshes the basis is a choice:
 ``refresh_every=T`` refreshes it from the gradient this transformation receives at
@@ -52,12 +63,12 @@ INIT_PROJECTIONS = ("gradient", "random", "external")
 
 
 class LowRankMoments(NamedTuple):
-  """Low-rank Adam state of one matrix, in its oriented (left-case) frame."""
+  """Low-rank Adam state of one matrix (SPEC section 2's shapes)."""
 
-  basis: projection_lib.Basis  # Q, n x r float32, or the r DCT frequencies.
-  mu: jax.Array  # First moment u, r x q float32.
-  nu: jax.Array  # Second moment v, r x q float32.
-  error: jax.Array  # Error-feedback buffer E, n x q; shape (0,) when it is off.
+  basis: projection_lib.Basis  # Q (p x r left, q x r right) float32, or r DCT frequencies.
+  mu: jax.Array  # First moment u, float32, r x q (left case) or p x r (right case).
+  nu: jax.Array  # Second moment v, float32, shaped like u.
+  error: jax.Array  # Error-feedback buffer E, p x q (the leaf's matrix); (0,) when off.
 
 
 class LowRankAdamState(NamedTuple):
@@ -85,23 +96,44 @@ class LowRankAdam(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class _Orientation:
-  """How one leaf is seen as the left-case matrix of SPEC section 2."""
+  """How one leaf is seen as a ``p x q`` matrix, and on which side it is projected.
+
+  ``left``: Q is ``p x r`` and the coordinates are ``r x q``; otherwise Q is ``q x r``
+  and the coordinates are ``p x r`` (SPEC section 2).
+  """
 
   axes: routing.MatrixAxes
   shape: tuple[int, ...]
   left: bool
 
-  def orient(self, x: jax.Array) -> jax.Array:
-    matrix = routing.to_matrix(x, self.axes)
-    return matrix if self.left else matrix.T
+  def matrix(self, x: jax.Array) -> jax.Array:
+    """The leaf's own ``p x q`` matrix (no transpose for a 2-D leaf)."""
+    return routing.to_matrix(x, self.axes)
 
-  def restore(self, matrix: jax.Array) -> jax.Array:
-    return routing.from_matrix(matrix if self.left else matrix.T, self.axes, self.shape)
+  def leaf(self, matrix: jax.Array) -> jax.Array:
+    """Inverse of :meth:`matrix`."""
+    return routing.from_matrix(matrix, self.axes, self.shape)
+
+  def project(self, basis: jax.Array, matrix: jax.Array) -> jax.Array:
+    """Coordinates of a ``p x q`` matrix: ``Q^T A`` (left) or ``A Q`` (right)."""
+    return basis.T @ matrix if self.left else matrix @ basis
+
+  def unproject(self, basis: jax.Array, coordinates: jax.Array) -> jax.Array:
+    """Back to ``p x q``: ``Q C`` (left) or ``C Q^T`` (right)."""
+    return basis @ coordinates if self.left else coordinates @ basis.T
 
   @property
-  def oriented_shape(self) -> tuple[int, int]:
+  def side(self) -> str:
+    return "left" if self.left else "right"
+
+  def basis_rows(self) -> int:
+    """n, the length of the basis vectors: p (left) or q (right)."""
     p, q = routing.matrix_shape(self.shape, self.axes)
-    return (p, q) if self.left else (q, p)
+    return p if self.left else q
+
+  def coordinates_shape(self, rank: int) -> tuple[int, int]:
+    p, q = routing.matrix_shape(self.shape, self.axes)
+    return (rank, q) if self.left else (p, rank)
 
 
 def orientation(shape: tuple[int, ...], axes: routing.MatrixAxes, side: str) -> _Orientation:
@@ -111,7 +143,7 @@ def orientation(shape: tuple[int, ...], axes: routing.MatrixAxes, side: str) -> 
   return _Orientation(axes, tuple(shape), left)
 
 
-def rotate_moments(mu, nu, new_basis, old_basis, count, b1, b2):
+def rotate_moments(mu, nu, new_basis, old_basis, count, b1, b2, *, left=True):
   r"""LDAdam's moment transport into a new basis (SPEC section 4, step 6).
 
   .. math::
@@ -120,8 +152,16 @@ def rotate_moments(mu, nu, new_basis, old_basis, count, b1, b2):
     u' = R u, \quad
     v' = (1 - \beta_2^t)\,\bigl|(R \odot R) \max(\hat v - \hat m^2, 0)
       + (R \hat m)^2\bigr|
+
+  for ``r x q`` moments (left case); ``left=False`` takes ``p x r`` moments and lets
+  R act on their last axis (the same formula on their transposes: :math:`u R^\top`).
+  ``new_basis`` and ``old_basis`` are :data:`lordo_jax.projection.Basis` values; R is
+  :func:`lordo_jax.projection.overlap` (exactly 0/1 for two DCT bases).
   """
-  rotation = new_basis.T @ old_basis
+  if not left:
+    mu, nu = rotate_moments(mu.T, nu.T, new_basis, old_basis, count, b1, b2)
+    return mu.T, nu.T
+  rotation = projection_lib.overlap(new_basis, old_basis)
   first_correction = 1 - b1**count
   second_correction = 1 - b2**count
   mean = mu / first_correction
@@ -256,17 +296,18 @@ def scale_by_low_rank_adam(
 
   def init_leaf(x, axes, key):
     o = orientation(x.shape, axes, side)
-    n, q = o.oriented_shape
     if init_projection == "random":
-      basis = projection_lib.random_basis(key, n, rank, projection)
+      basis = projection_lib.random_basis(key, o.basis_rows(), rank, projection)
     else:
-      basis = projection_lib.empty_basis(n, rank, projection)
-    zeros = jnp.zeros((rank, q), jnp.float32)
+      basis = projection_lib.empty_basis(o.basis_rows(), rank, projection)
+    # Two buffers, not one twice, so that a caller may donate the state.
+    shape = o.coordinates_shape(rank)
+    mu_init, nu_init = jnp.zeros(shape, jnp.float32), jnp.zeros(shape, jnp.float32)
     if error_feedback:
-      error = jnp.zeros((n, q), error_feedback_dtype)
+      error = jnp.zeros(routing.matrix_shape(x.shape, axes), error_feedback_dtype)
     else:
       error = jnp.zeros((0,), jnp.float32)
-    return LowRankMoments(basis, zeros, zeros, error)
+    return LowRankMoments(basis, mu_init, nu_init, error)
 
   def init_fn(params):
     is_masked = lambda x: isinstance(x, optax.MaskedNode)  # noqa: E731
@@ -289,33 +330,26 @@ def scale_by_low_rank_adam(
 
   def refresh_leaf(m, x, axes, count, first):
     o = orientation(x.shape, axes, side)
-    matrix = o.orient(x)
+    matrix = o.matrix(x)
+
+    def exact():
+      return projection_lib.exact_projection(matrix, m.basis, projection, rank, o.side)
+
+    def warm():
+      return projection_lib.compute_projection(
+        matrix, m.basis, projection, rank, subspace_iterations, side=o.side
+      )
+
     if first is True:
-      basis, ok = projection_lib.exact_projection(matrix, m.basis, projection, rank)
+      basis, ok = exact()
       return _Pair(m._replace(basis=basis), ok)
     if first is False or projection != "subspace_iteration":
-      basis, ok = projection_lib.compute_projection(
-        matrix, m.basis, projection, rank, subspace_iterations
-      )
+      basis, ok = warm()
     else:
-      basis, ok = jax.lax.cond(
-        first,
-        lambda: projection_lib.exact_projection(matrix, m.basis, projection, rank),
-        lambda: projection_lib.compute_projection(
-          matrix, m.basis, projection, rank, subspace_iterations
-        ),
-      )
+      basis, ok = jax.lax.cond(first, exact, warm)
     new_mu, new_nu = m.mu, m.nu
     if transport == "rotate":
-      rotated = rotate_moments(
-        m.mu,
-        m.nu,
-        projection_lib.basis_matrix(basis),
-        projection_lib.basis_matrix(m.basis),
-        count,
-        b1,
-        b2,
-      )
+      rotated = rotate_moments(m.mu, m.nu, basis, m.basis, count, b1, b2, left=o.left)
       keep = jnp.logical_or(first, ~ok)
       new_mu = jnp.where(keep, m.mu, rotated[0])
       new_nu = jnp.where(keep, m.nu, rotated[1])
@@ -339,29 +373,33 @@ def scale_by_low_rank_adam(
   def refresh(state, source, *, first=False):
     return refresh_with_count(state, source, state.count, first)
 
-  def project_leaf(m, g, axes):
-    """``(c, E)``: the coordinates ``Q^T (G + E)`` and the new error buffer."""
+  def project_leaf(m, g, q, axes):
+    """``(c, E)``: the coordinates of ``A = G + E`` and the new error buffer."""
     o = orientation(g.shape, axes, side)
-    gradient = o.orient(g).astype(jnp.float32)
-    q = projection_lib.basis_matrix(m.basis)
-    fed = gradient + m.error.astype(jnp.float32) if error_feedback else gradient
-    coordinates = q.T @ fed
-    error = (fed - q @ coordinates).astype(m.error.dtype) if error_feedback else m.error
+    fed = o.matrix(g).astype(jnp.float32)
+    if error_feedback:
+      fed = fed + m.error.astype(jnp.float32)
+    coordinates = o.project(q, fed)
+    error = (fed - o.unproject(q, coordinates)).astype(m.error.dtype) if error_feedback else m.error
     return _Pair(coordinates, error)
 
-  def step_leaf(m, g, axes, count, coordinates, error):
+  def step_leaf(m, g, q, axes, count, coordinates, error):
     o = orientation(g.shape, axes, side)
-    gradient = o.orient(g).astype(jnp.float32)
-    q = projection_lib.basis_matrix(m.basis)
     new_mu = b1 * m.mu + (1 - b1) * coordinates
     new_nu = b2 * m.nu + (1 - b2) * coordinates**2
     denominator = jnp.sqrt(new_nu / (1 - b2**count)) + eps
-    low_rank_direction = q @ ((new_mu / (1 - b1**count)) / denominator)
+    low_rank_direction = o.unproject(q, (new_mu / (1 - b1**count)) / denominator)
     direction = quasi_hyperbolic_mix(
-      gradient, low_rank_direction, denominator, omega, mu, full_rank_scale
+      o.matrix(g).astype(jnp.float32),
+      low_rank_direction,
+      denominator,
+      omega,
+      mu,
+      full_rank_scale,
+      side=o.side,
     )
     moments = LowRankMoments(m.basis, new_mu, new_nu, error)
-    return _Pair(o.restore(direction).astype(g.dtype), moments)
+    return _Pair(o.leaf(direction).astype(g.dtype), moments)
 
   def averaged_refresh(state, updates, first):
     """A refresh from the workers' mean gradient (``average_coordinates_over``)."""
@@ -386,16 +424,19 @@ def scale_by_low_rank_adam(
         refresh = averaged_refresh
       state = jax.lax.cond(refresh_now, lambda: refresh(state, updates, count == 1), lambda: state)
     axes = axes_of(updates)
-    coordinates, errors = _unzip(map_matrices(project_leaf, state.moments, updates, axes))
+    # Each basis matrix is formed once per step and used by both products.
+    bases = map_matrices(lambda m: projection_lib.basis_matrix(m.basis), state.moments)
+    coordinates, errors = _unzip(map_matrices(project_leaf, state.moments, updates, bases, axes))
     if average_coordinates_over is not None:
       coordinates, ledger = collectives.counted_pmean(
         coordinates, state.ledger, average_coordinates_over
       )
       state = state._replace(ledger=ledger)
     results = map_matrices(
-      lambda m, g, a, c, e: step_leaf(m, g, a, count, c, e),
+      lambda m, g, q, a, c, e: step_leaf(m, g, q, a, count, c, e),
       state.moments,
       updates,
+      bases,
       axes,
       coordinates,
       errors,

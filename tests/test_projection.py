@@ -120,3 +120,35 @@ def test_random_basis_is_orthonormal_and_shared_by_seed():
   frequencies = projection.random_basis(jax.random.key(7), 9, 3, "dct").indices
   assert len(set(np.asarray(frequencies).tolist())) == 3
   assert np.all(np.diff(np.asarray(frequencies)) > 0)
+
+
+def test_dct_columns_stay_exact_past_int32_products():
+  """n = 50257 (a vocabulary): (2i + 1) j overflows int32; the reduction must not."""
+  n = 50257
+  j = np.array([0, 1, 777, 40000, n - 1])
+  got = np.asarray(projection.dct_columns(jnp.asarray(j), n), np.float64)
+  i = np.arange(n)[:, None]
+  scale = np.sqrt(2 / n) * np.where(j == 0, 1 / np.sqrt(2), 1.0)
+  np.testing.assert_allclose(got, scale * np.cos(np.pi * (i + 0.5) * j / n), atol=1e-7)
+
+
+@pytest.mark.parametrize("method", projection.METHODS)
+def test_the_right_side_is_the_left_side_of_the_transpose(method):
+  x = jnp.asarray(separated_matrix(9, 20, 3, seed=4))  # right case: Q is 20 x 3
+  previous = projection.random_basis(jax.random.key(3), 20, 3, method)
+  right, ok_right = projection.compute_projection(x, previous, method, 3, side="right")
+  left, ok_left = projection.compute_projection(x.T, previous, method, 3)
+  assert bool(ok_right) and bool(ok_left)
+  np.testing.assert_allclose(
+    projection.basis_matrix(right), projection.basis_matrix(left), atol=1e-5
+  )
+
+
+@pytest.mark.parametrize("method", ["svd", "dct"])
+def test_overlap_is_new_transpose_times_old(method):
+  a = projection.random_basis(jax.random.key(0), 16, 4, method)
+  b = projection.random_basis(jax.random.key(1), 16, 4, method)
+  expected = projection.basis_matrix(a).T @ projection.basis_matrix(b)
+  np.testing.assert_allclose(projection.overlap(a, b), expected, atol=1e-6)
+  if method == "dct":
+    assert set(np.unique(np.asarray(projection.overlap(a, b)))) <= {0.0, 1.0}
