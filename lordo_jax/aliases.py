@@ -80,7 +80,7 @@ def lordo(
   seed: int = 0,
   fault_tolerant: bool = False,
   compression: str | None = None,
-  fragments: Any = 1,
+  fragments: Any = None,
 ) -> optax.GradientTransformationExtraArgs:
   r"""LoRDO: low-rank Adam with infrequent synchronisation and a full-rank QH term.
 
@@ -136,8 +136,9 @@ def lordo(
     compression: ``None``, ``"bfloat16"`` or ``"int8"``: send every message of the
       round compressed, the pseudo-gradient with error feedback
       (:func:`lordo_jax.synchronize`).
-    fragments: F > 1 streams the round: the parameters sync in F fragments at
-      staggered steps, so the largest message is about 1/F of the model.
+    fragments: ``None`` (default): no streaming; F > 1 streams the round: the
+      parameters sync in F fragments at staggered steps, so the largest message is
+      about 1/F of the model.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``. Its ``update`` needs params.

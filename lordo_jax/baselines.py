@@ -420,7 +420,7 @@ def local_adam(
   eps: float = 1e-8,
   weight_decay: float = 0.0,
   compression: str | None = None,
-  fragments: Any = 1,
+  fragments: Any = None,
   fault_tolerant: bool = False,
 ) -> optax.GradientTransformationExtraArgs:
   r"""Local Adam: local AdamW steps; params and both moments averaged every K steps.
@@ -446,8 +446,8 @@ def local_adam(
     compression: ``None``, ``"bfloat16"`` or ``"int8"``: the round's messages sent
       compressed, the pseudo-gradient with error feedback
       (:func:`lordo_jax.synchronize`).
-    fragments: F > 1 streams the round (F fragments synced at staggered steps;
-      :func:`lordo_jax.synchronize`).
+    fragments: ``None`` (default): no streaming; F > 1 streams the round (F
+      fragments synced at staggered steps; :func:`lordo_jax.synchronize`).
     fault_tolerant: leave failed or absent workers out of the averages
       (``update(..., worker_present=False)``; :func:`lordo_jax.synchronize`).
 
@@ -504,7 +504,7 @@ def desloc(
   eps: float = 1e-8,
   weight_decay: float = 0.0,
   compression: str | None = None,
-  fragments: Any = 1,
+  fragments: Any = None,
   fault_tolerant: bool = False,
 ) -> optax.GradientTransformationExtraArgs:
   r"""DES-LOC: local AdamW with independent periods for params and each moment.
@@ -532,8 +532,8 @@ def desloc(
     compression: ``None``, ``"bfloat16"`` or ``"int8"``: the round's messages sent
       compressed, the pseudo-gradient with error feedback
       (:func:`lordo_jax.synchronize`).
-    fragments: F > 1 streams the round (F fragments synced at staggered steps;
-      :func:`lordo_jax.synchronize`).
+    fragments: ``None`` (default): no streaming; F > 1 streams the round (F
+      fragments synced at staggered steps; :func:`lordo_jax.synchronize`).
     fault_tolerant: leave failed or absent workers out of the averages
       (``update(..., worker_present=False)``; :func:`lordo_jax.synchronize`).
 
@@ -586,7 +586,7 @@ def diloco(
   eps: float = 1e-8,
   weight_decay: float = 0.0,
   compression: str | None = None,
-  fragments: Any = 1,
+  fragments: Any = None,
   fault_tolerant: bool = False,
 ) -> optax.GradientTransformationExtraArgs:
   r"""DiLoCo: local AdamW, an outer Nesterov SGD on the averaged pseudo-gradient.
@@ -617,8 +617,8 @@ def diloco(
     compression: ``None``, ``"bfloat16"`` or ``"int8"``: the round's messages sent
       compressed, the pseudo-gradient with error feedback
       (:func:`lordo_jax.synchronize`).
-    fragments: F > 1 streams the round (F fragments synced at staggered steps;
-      :func:`lordo_jax.synchronize`).
+    fragments: ``None`` (default): no streaming; F > 1 streams the round (F
+      fragments synced at staggered steps; :func:`lordo_jax.synchronize`).
     fault_tolerant: leave failed or absent workers out of the averages
       (``update(..., worker_present=False)``; :func:`lordo_jax.synchronize`).
 
@@ -678,7 +678,7 @@ def lordo_local_projection(
   low_rank_labels: Any = None,
   subspace_iterations: int = 2,
   compression: str | None = None,
-  fragments: Any = 1,
+  fragments: Any = None,
   fault_tolerant: bool = False,
 ) -> optax.GradientTransformationExtraArgs:
   r"""LoRDO ablation: each worker projects with its own gradient; moments stay local.
@@ -706,8 +706,8 @@ def lordo_local_projection(
     compression: ``None``, ``"bfloat16"`` or ``"int8"``: the round's messages sent
       compressed, the pseudo-gradient with error feedback
       (:func:`lordo_jax.synchronize`).
-    fragments: F > 1 streams the round (F fragments synced at staggered steps;
-      :func:`lordo_jax.synchronize`).
+    fragments: ``None`` (default): no streaming; F > 1 streams the round (F
+      fragments synced at staggered steps; :func:`lordo_jax.synchronize`).
     fault_tolerant: leave failed or absent workers out of the averages
       (``update(..., worker_present=False)``; :func:`lordo_jax.synchronize`).
 

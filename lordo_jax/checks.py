@@ -17,7 +17,13 @@ def positive_int(who: str, name: str, value, *, optional: bool = False) -> None:
     return
   if isinstance(value, bool) or not isinstance(value, int) or value < 1:
     accepted = "an int >= 1" + (" or None" if optional else "")
-    raise ValueError(f"{who}: {name}={value!r} is not accepted; expected {accepted}.")
+    hint = ""
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+      hint = (
+        f" {name} fixes the shape of the program, so it cannot be an array; inside "
+        f"optax.inject_hyperparams, list {name!r} in static_args."
+      )
+    raise ValueError(f"{who}: {name}={value!r} is not accepted; expected {accepted}.{hint}")
 
 
 def in_interval(who: str, name: str, value, low: float, high: float, *, closed_high: bool):

@@ -36,8 +36,11 @@ class Ledger(NamedTuple):
 
 def init_ledger() -> Ledger:
   """An empty ledger."""
-  zeros = jnp.zeros([2], jnp.int32)
-  return Ledger(elements=zeros, bytes=zeros, all_reduces=jnp.zeros([], jnp.int32))
+  return Ledger(
+    elements=jnp.zeros([2], jnp.int32),
+    bytes=jnp.zeros([2], jnp.int32),
+    all_reduces=jnp.zeros([], jnp.int32),
+  )
 
 
 def _add_static(limbs: jax.Array, amount: int) -> jax.Array:

@@ -125,7 +125,7 @@ def synchronize(
   projection_source: str = "pseudo_gradient",
   fault_tolerant: bool = False,
   compression: str | None = None,
-  fragments: Any = 1,
+  fragments: Any = None,
   name: str = "synchronize",
 ) -> optax.GradientTransformationExtraArgs:
   r"""Local steps with ``inner``, a synchronisation at the end of every round.
@@ -172,7 +172,9 @@ def synchronize(
       ``"int8"`` (per-row scales), with error feedback of the pseudo-gradient.
     fragments: F, the number of fragments synced at staggered steps (streaming),
       at most K; or a function of the params returning a tree of fragment indices
-      (:func:`lordo_jax.schedules.fragment_labels`). 1: no streaming.
+      (:func:`lordo_jax.schedules.fragment_labels`). ``None`` (default) or 1: no
+      streaming. A Python value, fixed when the optimizer is built (inside
+      ``optax.inject_hyperparams``, list it in ``static_args``).
     name: how errors name this transformation.
 
   Returns:
@@ -191,6 +193,7 @@ def synchronize(
     (arXiv 2505.22549); Jovanović et al., LoRDO, 2026 (arXiv 2602.04396); Douillard
     et al., Streaming DiLoCo, 2025 (arXiv 2501.18512).
   """
+  fragments = 1 if fragments is None else fragments
   _check_options(name, sync_every, fragments, compression, fault_tolerant)
   # The outer optimizer's state (DiLoCo's momentum) is float32 whatever the params.
   outer = precision.in_float32(optax.sgd(1.0) if outer_optimizer is None else outer_optimizer)
@@ -215,7 +218,7 @@ def synchronize(
     return SynchronizeState(
       count=jnp.zeros([], jnp.int32),
       inner_state=inner.init(params),
-      anchor=params,
+      anchor=jax.tree.map(jnp.copy, params),  # Its own buffers, so a donated step can update it.
       outer_state=tuple(outer_for(keep).init(params) for keep in masks),
       ledger=collectives.init_ledger(),
       faults=FaultCounts(

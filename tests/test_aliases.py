@@ -102,6 +102,51 @@ def test_inside_inject_hyperparams_matches_the_plain_optimizer_and_takes_new_rat
   assert float(state.hyperparams["learning_rate"]) == pytest.approx(1e-2)
 
 
+def test_a_structural_int_left_out_of_static_args_says_to_list_it():
+  static = ("rank", "sync_every", "sync_moments_every", "subspace_iterations", "seed")
+  tx = optax.inject_hyperparams(lordo_jax.lordo, static_args=static)(
+    learning_rate=1e-2, rank=2, sync_every=4, fragments=2
+  )
+  with pytest.raises(ValueError, match=r"fragments=Array\(2.*list 'fragments' in static_args"):
+    tx.init(PARAMS)
+
+
+@pytest.mark.parametrize(
+  "tx",
+  [
+    lordo_jax.lordo(1e-2, rank=2, sync_every=2, compression="int8", fragments=2),
+    lordo_jax.ddp(1e-2),
+    lordo_jax.low_rank_ddp(1e-2, rank=2, refresh_every=2),
+    lordo_jax.local_adam(1e-2, sync_every=2),
+    lordo_jax.desloc(1e-2, sync_every=2),
+    lordo_jax.diloco(1e-2, sync_every=2),
+  ],
+  ids=["lordo", "ddp", "low_rank_ddp", "local_adam", "desloc", "diloco"],
+)
+def test_no_two_leaves_of_params_and_state_share_a_buffer(tx):
+  # Donating a state whose leaves alias each other (or the params) fails at run time.
+  params = jax.tree.map(jnp.copy, PARAMS)
+  buffers = [x.unsafe_buffer_pointer() for x in jax.tree.leaves((params, tx.init(params)))]
+  assert len(set(buffers)) == len(buffers)
+
+
+def test_the_whole_state_can_be_donated_and_gives_the_same_run():
+  tx = lordo_jax.lordo(1e-2, rank=2, sync_every=2)
+
+  def step(p, s, x):
+    updates, s = tx.update(jax.grad(loss)(p, x), s, p)
+    return optax.apply_updates(p, updates), s
+
+  donated = jax.jit(step, donate_argnums=(0, 1))
+  plain = jax.jit(step)
+  a, sa = jax.tree.map(jnp.copy, PARAMS), tx.init(PARAMS)
+  b, sb = jax.tree.map(jnp.copy, PARAMS), tx.init(PARAMS)
+  for x in data(4):
+    a, sa = jax.block_until_ready(donated(a, sa, x[0]))
+    b, sb = plain(b, sb, x[0])
+  jax.tree.map(np.testing.assert_array_equal, (a, sa), (b, sb))
+
+
 def test_schedule_equals_setting_the_rate_by_hand_each_step():
   schedule = optax.linear_schedule(1e-2, 1e-3, transition_steps=8)
   # DCT bases: a refresh is a discrete choice, so float rounding cannot tilt it.
