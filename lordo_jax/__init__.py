@@ -35,6 +35,7 @@ from lordo_jax.schedules import quadratic_sync_rule
 from lordo_jax.schedules import sync_steps
 from lordo_jax.sync import SynchronizeState
 from lordo_jax.sync import synchronize
+from lordo_jax.two_sided import TwoSidedBasis
 
 __version__ = "0.1.0"
 
@@ -70,4 +71,5 @@ __all__ = [
   "state_bytes",
   "sync_steps",
   "synchronize",
+  "TwoSidedBasis",
 ]

@@ -8,7 +8,6 @@ import optax
 from lordo_jax import checks
 from lordo_jax import low_rank as low_rank_lib
 from lordo_jax import precision
-from lordo_jax import projection as projection_lib
 from lordo_jax import quasi_hyperbolic
 from lordo_jax import routing
 from lordo_jax import sync
@@ -81,6 +80,9 @@ def lordo(
   fault_tolerant: bool = False,
   compression: str | None = None,
   fragments: Any = None,
+  two_sided: bool = False,
+  oversample: int | None = None,
+  power_iterations: int | None = None,
 ) -> optax.GradientTransformationExtraArgs:
   r"""LoRDO: low-rank Adam with infrequent synchronisation and a full-rank QH term.
 
@@ -113,7 +115,8 @@ def lordo(
     mu: rescaling of the full-rank term.
     b1, b2, eps: Adam's parameters.
     weight_decay: decoupled weight decay, as in ``optax.adamw``.
-    projection: ``"svd"``, ``"subspace_iteration"`` or ``"dct"``.
+    projection: ``"svd"``, ``"subspace_iteration"`` or ``"dct"``; two-sided:
+      ``"svd"`` or ``"randomized_svd"``.
     side: ``"auto"``, ``"left"`` or ``"right"``.
     transport: ``"rotate"``, ``"keep"`` or ``"reset"``.
     error_feedback: keep and feed back the projection residual (off by default,
@@ -139,6 +142,11 @@ def lordo(
     fragments: ``None`` (default): no streaming; F > 1 streams the round: the
       parameters sync in F fragments at staggered steps, so the largest message is
       about 1/F of the model.
+    two_sided: project on both sides (TSR-Adam, :mod:`lordo_jax.two_sided`): the
+      moments are ``r x r`` cores, so a sync averages ``r x r`` moments instead of
+      ``r x q``; ``projection`` is then ``"svd"`` or ``"randomized_svd"``.
+    oversample, power_iterations: of the ``randomized_svd`` refresh (``None``: 8
+      extra sketch columns, 1 power iteration).
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``. Its ``update`` needs params.
@@ -163,11 +171,13 @@ def lordo(
   checks.in_interval(who, "omega", omega, 0.0, 1.0, closed_high=True)
   checks.positive(who, "mu", mu)
   _check_adam(who, b1, b2, eps, weight_decay)
-  checks.one_of(who, "projection", projection, projection_lib.METHODS)
   checks.one_of(who, "side", side, low_rank_lib.SIDES)
   checks.one_of(who, "transport", transport, low_rank_lib.TRANSPORTS)
   checks.one_of(who, "init_projection", init_projection, INIT_PROJECTIONS)
   checks.one_of(who, "full_rank_scale", full_rank_scale, quasi_hyperbolic.FULL_RANK_SCALES)
+  low_rank_lib.check_projection(
+    who, projection, two_sided=two_sided, side=side, full_rank_scale=full_rank_scale
+  )
   if not isinstance(error_feedback_dtype, str):
     error_feedback_dtype = jnp.dtype(error_feedback_dtype).name
   checks.one_of(who, "error_feedback_dtype", error_feedback_dtype, ERROR_FEEDBACK_DTYPES)
@@ -189,6 +199,9 @@ def lordo(
     init_projection="random" if init_projection == "random" else "external",
     seed=seed,
     matrix_axes=low_rank_labels,
+    two_sided=two_sided,
+    oversample=oversample,
+    power_iterations=power_iterations,
   )
   local = local_adamw_path(
     low_rank,

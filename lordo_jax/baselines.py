@@ -36,7 +36,6 @@ from lordo_jax import collectives
 from lordo_jax import compression as compression_lib
 from lordo_jax import low_rank as low_rank_lib
 from lordo_jax import precision
-from lordo_jax import projection as projection_lib
 from lordo_jax import quasi_hyperbolic
 from lordo_jax import routing
 from lordo_jax import sync
@@ -158,6 +157,9 @@ def _low_rank_step(
   refresh_every,
   init_projection,
   average_coordinates_over=None,
+  two_sided=False,
+  oversample=None,
+  power_iterations=None,
 ):
   """Checks the low-rank options, then ``(low_rank, local)`` as :func:`lordo` builds them.
 
@@ -170,10 +172,12 @@ def _low_rank_step(
   checks.in_interval(who, "omega", omega, 0.0, 1.0, closed_high=True)
   checks.positive(who, "mu", mu)
   aliases._check_adam(who, b1, b2, eps, weight_decay)
-  checks.one_of(who, "projection", projection, projection_lib.METHODS)
   checks.one_of(who, "side", side, low_rank_lib.SIDES)
   checks.one_of(who, "transport", transport, low_rank_lib.TRANSPORTS)
   checks.one_of(who, "full_rank_scale", full_rank_scale, quasi_hyperbolic.FULL_RANK_SCALES)
+  low_rank_lib.check_projection(
+    who, projection, two_sided=two_sided, side=side, full_rank_scale=full_rank_scale
+  )
   error_feedback_dtype = _error_feedback_dtype_name(who, error_feedback_dtype)
   low_rank = low_rank_lib.scale_by_low_rank_adam(
     rank,
@@ -194,6 +198,9 @@ def _low_rank_step(
     seed=seed,
     matrix_axes=low_rank_labels,
     average_coordinates_over=average_coordinates_over,
+    two_sided=two_sided,
+    oversample=oversample,
+    power_iterations=power_iterations,
   )
   local = aliases.local_adamw_path(
     low_rank,
@@ -284,6 +291,9 @@ def low_rank_ddp(
   low_rank_labels: Any = None,
   subspace_iterations: int = 2,
   compression: str | None = None,
+  two_sided: bool = False,
+  oversample: int | None = None,
+  power_iterations: int | None = None,
 ) -> optax.GradientTransformation:
   r"""Low-rank DDP (GaLore-DDP): low-rank Adam on the averaged gradient.
 
@@ -311,6 +321,12 @@ def low_rank_ddp(
     gradient on refresh steps (``pq / T`` per step on average). It needs
     ``omega = 1`` and ``error_feedback=False``, which use the full gradient.
 
+  ``two_sided=True`` is TSR-Adam (:mod:`lordo_jax.two_sided`): the moments are the
+  ``r x r`` cores :math:`U^\top \bar G V`; with ``communicate="projected"`` the
+  per-step message is that core (``r^2`` per matrix), and a refresh with
+  ``projection="randomized_svd"`` averages sketches (``(p + q)(r + oversample)``
+  elements per pass) instead of the ``p x q`` gradient.
+
   Args:
     learning_rate: a float or an optax schedule.
     rank: r, the dimension of each matrix's subspace.
@@ -322,7 +338,8 @@ def low_rank_ddp(
     mu: rescaling of the full-rank term.
     b1, b2, eps: Adam's parameters.
     weight_decay: decoupled weight decay, as in ``optax.adamw``.
-    projection: ``"svd"``, ``"subspace_iteration"`` or ``"dct"``.
+    projection: ``"svd"``, ``"subspace_iteration"`` or ``"dct"``; two-sided:
+      ``"svd"`` or ``"randomized_svd"``.
     side: ``"auto"``, ``"left"`` or ``"right"``.
     transport: moments at a refresh: ``"keep"`` (GaLore), ``"rotate"`` or
       ``"reset"``.
@@ -334,6 +351,9 @@ def low_rank_ddp(
     compression: ``None``, ``"bfloat16"`` or ``"int8"``: with ``communicate="full"``
       the gradient is sent compressed, with error feedback
       (:func:`average_gradients`).
+    two_sided: project on both sides (TSR-Adam), ``r x r`` moments and messages.
+    oversample, power_iterations: of the ``randomized_svd`` refresh (``None``: 8
+      extra sketch columns, 1 power iteration).
 
   Returns:
     An ``optax.GradientTransformation``.
@@ -350,7 +370,8 @@ def low_rank_ddp(
   References:
     Zhao et al., `GaLore: Memory-Efficient LLM Training by Gradient Low-Rank
     Projection <https://arxiv.org/abs/2403.03507>`_, ICML 2024; Jovanović et al.,
-    `LoRDO <https://arxiv.org/abs/2602.04396>`_, ICML 2026 (the baseline).
+    `LoRDO <https://arxiv.org/abs/2602.04396>`_, ICML 2026 (the baseline); Dang et
+    al., `TSR-Adam <https://arxiv.org/abs/2602.08007>`_, 2026 (two-sided).
   """
   who = "low_rank_ddp"
   checks.positive_int(who, "refresh_every", refresh_every)
@@ -396,6 +417,9 @@ def low_rank_ddp(
     refresh_every=refresh_every,
     init_projection="gradient",
     average_coordinates_over=axis_name if projected else None,
+    two_sided=two_sided,
+    oversample=oversample,
+    power_iterations=power_iterations,
   )
   if not projected:
     return optax.chain(average_gradients(axis_name, compression=compression), local)

@@ -11,12 +11,12 @@ def _is_number(value) -> bool:
   return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
-def positive_int(who: str, name: str, value, *, optional: bool = False) -> None:
-  """``value`` is an int >= 1 (or None when ``optional``)."""
+def positive_int(who: str, name: str, value, *, optional: bool = False, minimum: int = 1) -> None:
+  """``value`` is an int >= ``minimum`` (or None when ``optional``)."""
   if value is None and optional:
     return
-  if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-    accepted = "an int >= 1" + (" or None" if optional else "")
+  if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    accepted = f"an int >= {minimum}" + (" or None" if optional else "")
     hint = ""
     if hasattr(value, "shape") and hasattr(value, "dtype"):
       hint = (

@@ -32,6 +32,11 @@ refreshed, the moments are carried into the new one (``transport``, SPEC 4.6):
 * ``keep`` (GaLore): the moments are reused as they are;
 * ``reset``: the moments restart from zero.
 
+``two_sided=True`` (TSR-Adam, :mod:`lordo_jax.two_sided`) projects on both sides:
+the coordinates and moments are the ``r x r`` core :math:`C = U^\top A V`,
+:math:`L = U X V^\top`, and the refresh is an SVD or a randomized SVD
+(``projection="randomized_svd"``); the full-rank scale is then a scalar.
+
 This transformation does not communicate, except in one opt-in mode:
 ``average_coordinates_over=axis_name`` (low-rank DDP's ``communicate="projected"``)
 averages the coordinates c (``r x q`` or ``p x r``) over the workers every step, and the full
@@ -52,9 +57,11 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from lordo_jax import checks
 from lordo_jax import collectives
 from lordo_jax import projection as projection_lib
 from lordo_jax import routing
+from lordo_jax import two_sided as two_sided_lib
 from lordo_jax.quasi_hyperbolic import quasi_hyperbolic_mix
 
 TRANSPORTS = ("rotate", "keep", "reset")
@@ -65,8 +72,9 @@ INIT_PROJECTIONS = ("gradient", "random", "external")
 class LowRankMoments(NamedTuple):
   """Low-rank Adam state of one matrix (SPEC section 2's shapes)."""
 
-  basis: projection_lib.Basis  # Q (p x r left, q x r right) float32, or r DCT frequencies.
-  mu: jax.Array  # First moment u, float32, r x q (left case) or p x r (right case).
+  # Q (p x r left, q x r right) float32, r DCT frequencies, or U and V (two-sided).
+  basis: projection_lib.Basis | two_sided_lib.TwoSidedBasis
+  mu: jax.Array  # First moment u, float32: r x q (left), p x r (right), r x r (two-sided).
   nu: jax.Array  # Second moment v, float32, shaped like u.
   error: jax.Array  # Error-feedback buffer E, p x q (the leaf's matrix); (0,) when off.
 
@@ -99,12 +107,14 @@ class _Orientation:
   """How one leaf is seen as a ``p x q`` matrix, and on which side it is projected.
 
   ``left``: Q is ``p x r`` and the coordinates are ``r x q``; otherwise Q is ``q x r``
-  and the coordinates are ``p x r`` (SPEC section 2).
+  and the coordinates are ``p x r`` (SPEC section 2). ``two_sided``: the basis is
+  U and V and the coordinates are the ``r x r`` core.
   """
 
   axes: routing.MatrixAxes
   shape: tuple[int, ...]
   left: bool
+  two_sided: bool = False
 
   def matrix(self, x: jax.Array) -> jax.Array:
     """The leaf's own ``p x q`` matrix (no transpose for a 2-D leaf)."""
@@ -115,11 +125,15 @@ class _Orientation:
     return routing.from_matrix(matrix, self.axes, self.shape)
 
   def project(self, basis: jax.Array, matrix: jax.Array) -> jax.Array:
-    """Coordinates of a ``p x q`` matrix: ``Q^T A`` (left) or ``A Q`` (right)."""
+    """Coordinates of a ``p x q`` matrix: ``Q^T A`` (left), ``A Q`` (right), ``U^T A V``."""
+    if self.two_sided:
+      return two_sided_lib.project(basis, matrix)
     return basis.T @ matrix if self.left else matrix @ basis
 
   def unproject(self, basis: jax.Array, coordinates: jax.Array) -> jax.Array:
-    """Back to ``p x q``: ``Q C`` (left) or ``C Q^T`` (right)."""
+    """Back to ``p x q``: ``Q C`` (left), ``C Q^T`` (right), ``U C V^T`` (two-sided)."""
+    if self.two_sided:
+      return two_sided_lib.unproject(basis, coordinates)
     return basis @ coordinates if self.left else coordinates @ basis.T
 
   @property
@@ -133,14 +147,44 @@ class _Orientation:
 
   def coordinates_shape(self, rank: int) -> tuple[int, int]:
     p, q = routing.matrix_shape(self.shape, self.axes)
+    if self.two_sided:
+      return (rank, rank)
     return (rank, q) if self.left else (p, rank)
 
 
-def orientation(shape: tuple[int, ...], axes: routing.MatrixAxes, side: str) -> _Orientation:
+def orientation(
+  shape: tuple[int, ...], axes: routing.MatrixAxes, side: str, two_sided: bool = False
+) -> _Orientation:
   """The side of SPEC section 2: ``auto`` projects on the left when p >= q."""
   p, q = routing.matrix_shape(shape, axes)
   left = side == "left" or (side == "auto" and p >= q)
-  return _Orientation(axes, tuple(shape), left)
+  return _Orientation(axes, tuple(shape), left, two_sided)
+
+
+def check_projection(
+  who: str, projection: str, *, two_sided: bool, side: str, full_rank_scale: str
+) -> None:
+  """The projection options, checked together: one-sided methods, or two-sided ones."""
+  if not two_sided:
+    if projection in two_sided_lib.METHODS and projection not in projection_lib.METHODS:
+      raise ValueError(
+        f"{who}: projection={projection!r} is the two-sided refresh; use it with "
+        f"two_sided=True, or one of {projection_lib.METHODS} for one-sided projection."
+      )
+    checks.one_of(who, "projection", projection, projection_lib.METHODS)
+    return
+  checks.one_of(who, "projection", projection, two_sided_lib.METHODS)
+  if side != "auto":
+    raise ValueError(
+      f"{who}: side={side!r} is not accepted with two_sided=True; expected 'auto' "
+      "(two-sided projection works on both sides of every matrix)."
+    )
+  if full_rank_scale != "scalar":
+    raise ValueError(
+      f"{who}: full_rank_scale={full_rank_scale!r} is not accepted with "
+      "two_sided=True; expected 'scalar' (the r x r core has no row or column of "
+      "the matrix to take a vector scale from)."
+    )
 
 
 def rotate_moments(mu, nu, new_basis, old_basis, count, b1, b2, *, left=True):
@@ -212,6 +256,9 @@ def scale_by_low_rank_adam(
   seed: int = 0,
   matrix_axes: Any = None,
   average_coordinates_over: str | None = None,
+  two_sided: bool = False,
+  oversample: int | None = None,
+  power_iterations: int | None = None,
 ) -> LowRankAdam:
   r"""Adam with its moments in a low-rank subspace of each matrix, plus the QH mix.
 
@@ -226,10 +273,12 @@ def scale_by_low_rank_adam(
       low-rank Adam (GaLore).
     mu: rescaling of the full-rank term ``G / (mu s)``.
     full_rank_scale: ``"scalar"`` or ``"vector"``: how ``s`` is taken from D.
-    projection: ``"svd"``, ``"subspace_iteration"`` or ``"dct"``.
-    side: ``"auto"``, ``"left"`` or ``"right"``.
+    projection: ``"svd"``, ``"subspace_iteration"`` or ``"dct"``; with
+      ``two_sided=True``, ``"svd"`` or ``"randomized_svd"``.
+    side: ``"auto"``, ``"left"`` or ``"right"`` (``"auto"`` when two-sided).
     transport: ``"rotate"``, ``"keep"`` or ``"reset"``: moments at a refresh.
-    error_feedback: keep the residual ``E = A - Q Q^T A`` and feed it back.
+    error_feedback: keep the residual ``E = A - Q Q^T A`` (two-sided:
+      ``A - U C V^T``) and feed it back.
     error_feedback_dtype: dtype of E (float32, or bfloat16 for half the memory).
     subspace_iterations: steps of warm-started subspace iteration per refresh.
     refresh_every: if set, refresh the basis from the incoming gradient at steps
@@ -248,7 +297,14 @@ def scale_by_low_rank_adam(
       through :func:`lordo_jax.counted_pmean` and are counted in the state's
       ``ledger``. Since Q is shared and projection is linear, this equals running on
       the averaged gradient. It needs ``omega=1`` and ``error_feedback=False``
-      (both use the full gradient at every step).
+      (both use the full gradient at every step). Two-sided, the coordinates are
+      the ``r x r`` cores, and a ``randomized_svd`` refresh averages the sketches
+      (``p x l`` and ``l x q``, l = r + oversample) instead of the gradient.
+    two_sided: project on both sides (TSR-Adam): ``r x r`` moments and messages.
+    oversample: extra sketch columns of ``randomized_svd`` (``None``: 8).
+    power_iterations: power iterations of ``randomized_svd`` (``None``: 1; each
+      costs two more products with the matrix, and two more averages when
+      distributed).
 
   Returns:
     A :class:`LowRankAdam`.
@@ -264,8 +320,18 @@ def scale_by_low_rank_adam(
 
   References:
     Zhao et al., GaLore, 2024 (arXiv 2403.03507); Robert et al., LDAdam, 2024
-    (arXiv 2410.16103); Jovanović et al., LoRDO, 2026 (arXiv 2602.04396).
+    (arXiv 2410.16103); Jovanović et al., LoRDO, 2026 (arXiv 2602.04396); Dang et
+    al., TSR-Adam, 2026 (arXiv 2602.08007).
   """
+  who = "scale_by_low_rank_adam"
+  check_projection(who, projection, two_sided=two_sided, side=side, full_rank_scale=full_rank_scale)
+  checks.positive_int(who, "rank", rank)
+  oversample = two_sided_lib.OVERSAMPLE if oversample is None else oversample
+  power_iterations = (
+    two_sided_lib.POWER_ITERATIONS if power_iterations is None else power_iterations
+  )
+  checks.positive_int(who, "oversample", oversample, minimum=0)
+  checks.positive_int(who, "power_iterations", power_iterations, minimum=0)
 
   if average_coordinates_over is not None and (
     error_feedback or not (isinstance(omega, (int, float)) and omega == 1)
@@ -295,8 +361,13 @@ def scale_by_low_rank_adam(
     return jax.tree_util.tree_map_with_path(check, axes, is_leaf=is_masked)
 
   def init_leaf(x, axes, key):
-    o = orientation(x.shape, axes, side)
-    if init_projection == "random":
+    o = orientation(x.shape, axes, side, two_sided)
+    p, q = routing.matrix_shape(x.shape, axes)
+    if two_sided and init_projection == "random":
+      basis = two_sided_lib.random_basis(key, p, q, rank)
+    elif two_sided:
+      basis = two_sided_lib.empty_basis(p, q, rank)
+    elif init_projection == "random":
       basis = projection_lib.random_basis(key, o.basis_rows(), rank, projection)
     else:
       basis = projection_lib.empty_basis(o.basis_rows(), rank, projection)
@@ -328,14 +399,29 @@ def scale_by_low_rank_adam(
       ledger=None if average_coordinates_over is None else collectives.init_ledger(),
     )
 
-  def refresh_leaf(m, x, axes, count, first):
-    o = orientation(x.shape, axes, side)
+  def refresh_leaf(m, x, axes, count, first, key, computed=None):
+    """A new basis for one matrix (``computed``: its ``(basis, ok)``, already made)."""
+    o = orientation(x.shape, axes, side, two_sided)
     matrix = o.matrix(x)
 
     def exact():
+      if two_sided:
+        return warm()
       return projection_lib.exact_projection(matrix, m.basis, projection, rank, o.side)
 
     def warm():
+      if computed is not None:
+        return computed
+      if two_sided:
+        return two_sided_lib.compute_basis(
+          matrix,
+          m.basis,
+          projection,
+          rank,
+          key,
+          oversample=oversample,
+          power_iterations=power_iterations,
+        )
       return projection_lib.compute_projection(
         matrix, m.basis, projection, rank, subspace_iterations, side=o.side
       )
@@ -349,7 +435,10 @@ def scale_by_low_rank_adam(
       basis, ok = jax.lax.cond(first, exact, warm)
     new_mu, new_nu = m.mu, m.nu
     if transport == "rotate":
-      rotated = rotate_moments(m.mu, m.nu, basis, m.basis, count, b1, b2, left=o.left)
+      if two_sided:
+        rotated = two_sided_lib.rotate_moments(m.mu, m.nu, basis, m.basis, count, b1, b2)
+      else:
+        rotated = rotate_moments(m.mu, m.nu, basis, m.basis, count, b1, b2, left=o.left)
       keep = jnp.logical_or(first, ~ok)
       new_mu = jnp.where(keep, m.mu, rotated[0])
       new_nu = jnp.where(keep, m.nu, rotated[1])
@@ -358,13 +447,25 @@ def scale_by_low_rank_adam(
       new_nu = jnp.where(ok, jnp.zeros_like(m.nu), m.nu)
     return _Pair(LowRankMoments(basis, new_mu, new_nu, m.error), ok)
 
-  def refresh_with_count(state, source, count, first):
+  def leaf_keys(moments, count):
+    """One PRNG key per matrix, from the seed and the step: alike on every worker."""
+    is_node = lambda x: isinstance(x, (LowRankMoments, optax.MaskedNode))  # noqa: E731
+    leaves, treedef = jax.tree.flatten(moments, is_leaf=is_node)
+    base = jax.random.fold_in(jax.random.key(seed + 1), count)
+    keys = [jax.random.fold_in(base, i) for i in range(len(leaves))]
+    return jax.tree.unflatten(treedef, keys)
+
+  def refresh_with_count(state, source, count, first, computed=None):
     source = map_matrices(lambda m, x: x, state.moments, source)
+    if computed is None:
+      computed = map_matrices(lambda m: None, state.moments)
     results = map_matrices(
-      lambda m, x, a: refresh_leaf(m, x, a, count, first),
+      lambda m, x, a, k, c: refresh_leaf(m, x, a, count, first, k, c),
       state.moments,
       source,
       axes_of(source),
+      leaf_keys(state.moments, count),
+      computed,
     )
     moments, oks = _unzip(results)
     failures = sum((~ok).astype(jnp.int32) for ok in jax.tree.leaves(oks))
@@ -375,7 +476,7 @@ def scale_by_low_rank_adam(
 
   def project_leaf(m, g, q, axes):
     """``(c, E)``: the coordinates of ``A = G + E`` and the new error buffer."""
-    o = orientation(g.shape, axes, side)
+    o = orientation(g.shape, axes, side, two_sided)
     fed = o.matrix(g).astype(jnp.float32)
     if error_feedback:
       fed = fed + m.error.astype(jnp.float32)
@@ -384,7 +485,7 @@ def scale_by_low_rank_adam(
     return _Pair(coordinates, error)
 
   def step_leaf(m, g, q, axes, count, coordinates, error):
-    o = orientation(g.shape, axes, side)
+    o = orientation(g.shape, axes, side, two_sided)
     new_mu = b1 * m.mu + (1 - b1) * coordinates
     new_nu = b2 * m.nu + (1 - b2) * coordinates**2
     denominator = jnp.sqrt(new_nu / (1 - b2**count)) + eps
@@ -396,13 +497,47 @@ def scale_by_low_rank_adam(
       omega,
       mu,
       full_rank_scale,
-      side=o.side,
+      side="left" if two_sided else o.side,  # Two-sided: a scalar scale, no side.
     )
     moments = LowRankMoments(m.basis, new_mu, new_nu, error)
     return _Pair(o.leaf(direction).astype(g.dtype), moments)
 
+  def sketched_refresh(state, updates, first):
+    """A randomized-SVD refresh from averaged sketches, never the full gradient."""
+    axes = axes_of(updates)
+    source = map_matrices(
+      lambda m, x, a: orientation(x.shape, a, side, True).matrix(x), state.moments, updates, axes
+    )
+    ledger = [state.ledger]
+
+    def mean(products):
+      averaged, ledger[0] = collectives.counted_pmean(products, ledger[0], average_coordinates_over)
+      return averaged
+
+    def listed(tree):
+      """The matrices' entries of ``tree``, in order."""
+      entries = []
+      map_matrices(lambda m, x: entries.append(x), state.moments, tree)
+      return entries
+
+    previous = [m.basis for m in listed(state.moments)]
+    bases = two_sided_lib.randomized_bases(
+      listed(source),
+      rank,
+      listed(leaf_keys(state.moments, state.count)),
+      oversample=oversample,
+      power_iterations=power_iterations,
+      mean=mean,
+    )
+    results = iter(two_sided_lib.checked(bases, previous))
+    computed = map_matrices(lambda m: next(results), state.moments)
+    state = state._replace(ledger=ledger[0])
+    return refresh_with_count(state, updates, state.count, first, computed)
+
   def averaged_refresh(state, updates, first):
     """A refresh from the workers' mean gradient (``average_coordinates_over``)."""
+    if two_sided and projection == "randomized_svd":
+      return sketched_refresh(state, updates, first)
     source = map_matrices(lambda m, x: x, state.moments, updates)
     source, ledger = collectives.counted_pmean(source, state.ledger, average_coordinates_over)
     return refresh_with_count(state._replace(ledger=ledger), source, state.count, first)

@@ -341,9 +341,7 @@ class Reference:
       for name, w in self.params[m].items():
         st = self.states[m][name]
         if name in self.sides:
-          direction = low_rank_direction(
-            grads[m][name], self.bases[name], st, t, cfg, self.sides[name]
-          )
+          direction = self._low_rank_direction(grads[m][name], name, st, t)
         else:
           direction = adam_direction(grads[m][name], st, t, cfg)
         new[name] = w - cfg.learning_rate * (direction + cfg.weight_decay * w)
@@ -374,8 +372,16 @@ class Reference:
       q_old = self.bases[name]
       q_new = self._refresh(name, deltas[name], q_old)
       for m in range(self.num_workers):
-        transport_moments(self.states[m][name], q_old, q_new, t, cfg, self.sides[name])
+        self._transport(self.states[m][name], name, q_old, q_new, t)
       self.bases[name] = q_new
+
+  # The low-rank pieces, as methods so a variant (two-sided) can replace them.
+
+  def _low_rank_direction(self, g, name, st, t):
+    return low_rank_direction(g, self.bases[name], st, t, self.cfg, self.sides[name])
+
+  def _transport(self, st, name, q_old, q_new, t):
+    transport_moments(st, q_old, q_new, t, self.cfg, self.sides[name])
 
 
 # ------------------------------------------------------------- a test problem

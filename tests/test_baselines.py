@@ -38,6 +38,18 @@ PQ = {"w": 72, "v": 50, "b": 6}
 ALL = sum(PQ.values())  # 128: every parameter.
 MATRICES = PQ["w"] + PQ["v"]  # 122: the low-rank matrices.
 RQ = RANK * 6 + RANK * 5  # 22: one r x q moment (or coordinate) per matrix.
+RR = 2 * RANK * RANK  # 8: one r x r core per matrix (two-sided).
+OVERSAMPLE = 2  # Sketch width l = r + 2 = 4 for both matrices.
+L = RANK + OVERSAMPLE
+# A randomized-SVD refresh averages, per matrix (w, v): Y = X Omega (p x l), one
+# power iteration X^T Q (q x l) and X Z (p x l), then the core Q^T X (l x q). One
+# counted all-reduce per pass, of both matrices' products.
+# A refresh from the step's own gradient makes the core U^T G V diagonal up to float32
+# rounding, which Adam's first step divides by sqrt(v) + eps, of the rounding's own
+# size: two float32 programs that round differently (averaging sketches, or the
+# gradient) then differ by O(1) there. A larger eps compares them, not their rounding.
+TSR_EPS = 1e-2
+SKETCHES = [(12 * L, 5 * L), (6 * L, 10 * L), (12 * L, 5 * L), (L * 6, L * 10)]
 
 
 def initial_params():
@@ -90,6 +102,38 @@ METHODS = {
   "desloc": lambda axis: lordo_jax.desloc(LR, sync_every=DESLOC_K, axis_name=axis, weight_decay=WD),
   "diloco": lambda axis: lordo_jax.diloco(LR, sync_every=K, axis_name=axis, weight_decay=WD),
   "lordo": lambda axis: lordo_jax.lordo(LR, rank=RANK, sync_every=K, axis_name=axis),
+  "low_rank_ddp_two_sided_projected": lambda axis: lordo_jax.low_rank_ddp(
+    LR,
+    rank=RANK,
+    refresh_every=T,
+    axis_name=axis,
+    weight_decay=WD,
+    communicate="projected",
+    two_sided=True,
+    projection="randomized_svd",
+    oversample=OVERSAMPLE,
+    eps=TSR_EPS,
+  ),
+  "low_rank_ddp_two_sided_full": lambda axis: lordo_jax.low_rank_ddp(
+    LR,
+    rank=RANK,
+    refresh_every=T,
+    axis_name=axis,
+    weight_decay=WD,
+    two_sided=True,
+    projection="randomized_svd",
+    oversample=OVERSAMPLE,
+    eps=TSR_EPS,
+  ),
+  "lordo_two_sided": lambda axis: lordo_jax.lordo(
+    LR,
+    rank=RANK,
+    sync_every=K,
+    axis_name=axis,
+    two_sided=True,
+    projection="randomized_svd",
+    oversample=OVERSAMPLE,
+  ),
   "lordo_local_projection": lambda axis: lordo_jax.lordo_local_projection(
     LR, rank=RANK, sync_every=K, axis_name=axis
   ),
@@ -258,6 +302,17 @@ def test_projected_and_full_low_rank_ddp_take_the_same_steps():
   assert lordo_jax.communicated_bytes(projected[-1][1]) < lordo_jax.communicated_bytes(full[-1][1])
 
 
+def test_two_sided_projected_sends_sketches_and_cores_and_takes_the_full_steps():
+  """TSR: averaging r x r cores and randomized-SVD sketches is running on the mean."""
+  full = multi_worker_run("low_rank_ddp_two_sided_full")
+  projected = multi_worker_run("low_rank_ddp_two_sided_projected")
+  for t, ((p_full, _), (p_projected, _)) in enumerate(zip(full, projected, strict=True), 1):
+    assert_trees_close(worker(p_projected, 0), worker(p_full, 0), atol=2e-5, where=f"step {t}")
+  moved = np.max(np.abs(worker(full[-1][0], 0)["w"] - np.asarray(initial_params()["w"])))
+  assert moved > 1e-2
+  assert lordo_jax.communicated_bytes(projected[-1][1]) < lordo_jax.communicated_bytes(full[-1][1])
+
+
 # 3. Local Adam, DES-LOC and DiLoCo.
 
 LOCAL_METHODS = ["local_adam", "desloc", "diloco"]
@@ -320,6 +375,7 @@ def at_sync(period):
 
 
 # The messages of each method, from SPEC sections 4 and 7: (elements, fires at step t).
+# Elements given per leaf, as a tuple, where XLA may regroup them across messages.
 MESSAGES = {
   "ddp": [(ALL, every_step)],
   "low_rank_ddp_full": [(ALL, every_step)],
@@ -337,6 +393,17 @@ MESSAGES = {
     (2 * RQ + 2 * PQ["b"], at_sync(K)),  # low-rank moments and the bias's Adam moments
   ],
   "lordo_local_projection": [(ALL, at_sync(K))],
+  "low_rank_ddp_two_sided_full": [(ALL, every_step)],
+  "low_rank_ddp_two_sided_projected": [
+    (RR, every_step),  # the r x r cores of both matrices
+    (PQ["b"], every_step),
+    *[(size, lambda t: (t - 1) % T == 0) for size in SKETCHES],  # refresh: sketches only
+  ],
+  "lordo_two_sided": [
+    (MATRICES, lambda t: t == 1),
+    (ALL, at_sync(K)),
+    (2 * RR + 2 * PQ["b"], at_sync(K)),  # r x r moments and the bias's Adam moments
+  ],
 }
 MESSAGES["lordo_global_projection_only"] = MESSAGES["lordo"]
 
@@ -356,6 +423,10 @@ def spec_formula(method, n):
     "lordo": MATRICES + (n // K) * (MATRICES + 2 * RQ + 3 * bias),
     "lordo_local_projection": (n // K) * ALL,
     "lordo_global_projection_only": MATRICES + (n // K) * (MATRICES + 2 * RQ + 3 * bias),
+    # TSR: r^2 per matrix and step, (p + q) l (1 + 2 k) per matrix and refresh.
+    "low_rank_ddp_two_sided_full": n * ALL,
+    "low_rank_ddp_two_sided_projected": n * RR + n * bias + -(-n // T) * sum(map(sum, SKETCHES)),
+    "lordo_two_sided": MATRICES + (n // K) * (MATRICES + 2 * RR + 3 * bias),
   }[method]
 
 
@@ -375,14 +446,22 @@ def test_ledger_matches_spec_and_the_compiled_all_reduces(method):
   # What runs every step sits outside any conditional (XLA may fuse those into one
   # all-reduce, so compare the sum); each conditional message is one all-reduce
   # inside a branch.
-  every = sum(size for size, fires in messages if fires is every_step)
+  total = lambda size: sum(size) if isinstance(size, tuple) else size  # noqa: E731
+  every = sum(total(size) for size, fires in messages if fires is every_step)
   assert sum(e for e, _ in found.get(0, [])) == every
   in_branches = sorted(e for depth, ops in found.items() if depth > 0 for e, _ in ops)
-  assert in_branches == sorted(size for size, fires in messages if fires is not every_step)
+  per_leaf = lambda size: size if isinstance(size, tuple) else (size,)  # noqa: E731
+  conditional = [size for size, fires in messages if fires is not every_step]
+  if all(isinstance(size, int) for size in conditional):
+    assert in_branches == sorted(conditional)
+  else:  # XLA's all-reduce combiner regroups independent per-leaf messages freely.
+    pieces = [e for size in conditional for e in per_leaf(size)]
+    assert sum(in_branches) == sum(pieces)
+    assert len(conditional) <= len(in_branches) <= len(pieces)
 
   history = multi_worker_run(method)
   for t, (_, state) in enumerate(history, start=1):
-    sent = [size for size, fires in messages for s in range(1, t + 1) if fires(s)]
+    sent = [total(size) for size, fires in messages for s in range(1, t + 1) if fires(s)]
     assert lordo_jax.communicated_elements(state) == sum(sent), f"step {t}"
     assert lordo_jax.communicated_bytes(state) == 4 * sum(sent), f"step {t}"
     assert lordo_jax.all_reduce_count(state) == len(sent), f"step {t}"
