@@ -13,7 +13,8 @@ The shapes, the methods and their settings (r = d/4 = 192, K = 16, T = 200;
 embeddings on the full-rank path, as in the paper) are those of
 ``communication_table.py``, imported from it. Added here: LoRDO with the ``dct``
 projection (r int32 frequencies per matrix instead of an ``n x r`` basis) and with
-error feedback (a ``p x q`` buffer per matrix, float32 or bfloat16), and LoRDO at
+error feedback (a ``p x q`` buffer per matrix, float32 or bfloat16), two-sided
+projection (U and V per matrix, ``r x r`` moments), and LoRDO at
 several ranks.
 
 Each LoRDO row is checked against SPEC section 8's formula: per ``p x q`` low-rank
@@ -23,7 +24,8 @@ matrix, left case when p >= q, with :math:`n = \max(p, q)`, :math:`m = \min(p, q
   \text{device} = 4\,(n r + 2 r m) \;[+\, b\, p q \text{ with error feedback}],
   \qquad \text{host} = 4\, p q,
 
-(``dct``: :math:`4 r` instead of :math:`4 n r`; b = 4 or 2 bytes), plus AdamW's
+(``dct``: :math:`4 r` instead of :math:`4 n r`; two-sided: :math:`4\,((p + q) r + 2 r^2)`;
+b = 4 or 2 bytes), plus AdamW's
 :math:`2 \cdot 4` bytes per element of every full-rank leaf on device and its anchor
 on host. The difference (``counters`` in the JSON) is the counters and ledgers.
 """
@@ -55,6 +57,11 @@ def variants(rank: int) -> list[tuple[str, str, dict]]:
       "+ p x q bfloat16 buffer per matrix",
       dict(error_feedback=True, error_feedback_dtype="bfloat16"),
     ),
+    (
+      "LoRDO, two-sided (TSR)",
+      "U and V per matrix, r x r moments",
+      dict(two_sided=True, projection="randomized_svd"),
+    ),
   ]
 
 
@@ -75,7 +82,10 @@ def spec_formula(shapes, labels, rank: int, options: dict) -> dict[str, int]:
       device += 2 * 4 * size
       continue
     n, m = max(x.shape), min(x.shape)
-    device += 4 * rank * (1 if options.get("projection") == "dct" else n) + 4 * 2 * rank * m
+    if options.get("two_sided"):
+      device += 4 * rank * (n + m) + 4 * 2 * rank * rank
+    else:
+      device += 4 * rank * (1 if options.get("projection") == "dct" else n) + 4 * 2 * rank * m
     if options.get("error_feedback"):
       device += (2 if options.get("error_feedback_dtype") == "bfloat16" else 4) * size
   return {"device": device, "host": host}

@@ -137,8 +137,8 @@ def lordo(
       present at a sync (``update(..., worker_present=False)`` marks one absent);
       see :func:`lordo_jax.synchronize`.
     compression: ``None``, ``"bfloat16"`` or ``"int8"``: send every message of the
-      round compressed, the pseudo-gradient with error feedback
-      (:func:`lordo_jax.synchronize`).
+      round compressed, the pseudo-gradient with error feedback (with ``"int8"``
+      the moments go in bfloat16; :func:`lordo_jax.synchronize`).
     fragments: ``None`` (default): no streaming; F > 1 streams the round: the
       parameters sync in F fragments at staggered steps, so the largest message is
       about 1/F of the model.

@@ -468,8 +468,8 @@ def local_adam(
     b1, b2, eps: Adam's parameters.
     weight_decay: decoupled weight decay, as in ``optax.adamw``.
     compression: ``None``, ``"bfloat16"`` or ``"int8"``: the round's messages sent
-      compressed, the pseudo-gradient with error feedback
-      (:func:`lordo_jax.synchronize`).
+      compressed, the pseudo-gradient with error feedback (with ``"int8"`` the
+      moments go in bfloat16; :func:`lordo_jax.synchronize`).
     fragments: ``None`` (default): no streaming; F > 1 streams the round (F
       fragments synced at staggered steps; :func:`lordo_jax.synchronize`).
     fault_tolerant: leave failed or absent workers out of the averages
@@ -554,8 +554,8 @@ def desloc(
     b1, b2, eps: Adam's parameters.
     weight_decay: decoupled weight decay, as in ``optax.adamw``.
     compression: ``None``, ``"bfloat16"`` or ``"int8"``: the round's messages sent
-      compressed, the pseudo-gradient with error feedback
-      (:func:`lordo_jax.synchronize`).
+      compressed, the pseudo-gradient with error feedback (with ``"int8"`` the
+      moments go in bfloat16; :func:`lordo_jax.synchronize`).
     fragments: ``None`` (default): no streaming; F > 1 streams the round (F
       fragments synced at staggered steps; :func:`lordo_jax.synchronize`).
     fault_tolerant: leave failed or absent workers out of the averages
@@ -639,8 +639,8 @@ def diloco(
     b1, b2, eps: the inner Adam's parameters.
     weight_decay: the inner AdamW's decoupled weight decay.
     compression: ``None``, ``"bfloat16"`` or ``"int8"``: the round's messages sent
-      compressed, the pseudo-gradient with error feedback
-      (:func:`lordo_jax.synchronize`).
+      compressed, the pseudo-gradient with error feedback (with ``"int8"`` the
+      moments go in bfloat16; :func:`lordo_jax.synchronize`).
     fragments: ``None`` (default): no streaming; F > 1 streams the round (F
       fragments synced at staggered steps; :func:`lordo_jax.synchronize`).
     fault_tolerant: leave failed or absent workers out of the averages
@@ -728,8 +728,8 @@ def lordo_local_projection(
       error_feedback, error_feedback_dtype, outer_optimizer, full_rank_scale,
       low_rank_labels, subspace_iterations: as in :func:`lordo`.
     compression: ``None``, ``"bfloat16"`` or ``"int8"``: the round's messages sent
-      compressed, the pseudo-gradient with error feedback
-      (:func:`lordo_jax.synchronize`).
+      compressed, the pseudo-gradient with error feedback (with ``"int8"`` the
+      moments go in bfloat16; :func:`lordo_jax.synchronize`).
     fragments: ``None`` (default): no streaming; F > 1 streams the round (F
       fragments synced at staggered steps; :func:`lordo_jax.synchronize`).
     fault_tolerant: leave failed or absent workers out of the averages

@@ -148,13 +148,13 @@ def counted_mean_of_present(tree: Any, present: jax.Array, ledger: Ledger, axis_
   return mean, fraction, ledger
 
 
-def _compressed_mean_leaf(x, residual, axis_name, num_workers, codec, rounding):
+def _compressed_mean_leaf(x, residual, axis_name, num_workers, codec):
   """One leaf's compressed mean: ``(mean, new_residual, sent)``; see :func:`counted_mean`."""
   target = x.astype(jnp.float32) if residual is None else x.astype(jnp.float32) + residual
   rows, layout = compression.as_rows(target, num_workers)
   shard_rows = rows.shape[0] // num_workers
-  values, scales = compression.encode(rows, codec, rounding)
-  own_error = rows - compression.decode(values, scales, rounding)
+  values, scales = compression.encode(rows, codec)
+  own_error = rows - compression.decode(values, scales)
 
   def split(a):
     return None if a is None else a.reshape(num_workers, shard_rows, *a.shape[1:])
@@ -162,15 +162,15 @@ def _compressed_mean_leaf(x, residual, axis_name, num_workers, codec, rounding):
   def scatter(a):
     return None if a is None else jax.lax.all_to_all(split(a), axis_name, 0, 0)
 
-  received = compression.decode(scatter(values), scatter(scales), rounding)
+  received = compression.decode(scatter(values), scatter(scales))
   shard = jnp.mean(received, axis=0)
-  shard_values, shard_scales = compression.encode(shard, codec, rounding)
-  shard_error = shard - compression.decode(shard_values, shard_scales, rounding)
+  shard_values, shard_scales = compression.encode(shard, codec)
+  shard_error = shard - compression.decode(shard_values, shard_scales)
 
   def gather(a):
     return None if a is None else jax.lax.all_gather(a, axis_name)
 
-  mean_rows = compression.decode(gather(shard_values), gather(shard_scales), rounding)
+  mean_rows = compression.decode(gather(shard_values), gather(shard_scales))
   mean = compression.from_rows(mean_rows.reshape(rows.shape), layout).astype(x.dtype)
   sent = tuple(a for a in (values, scales) if a is not None)
   if residual is None:
@@ -189,7 +189,6 @@ def counted_mean(
   *,
   compression_codec: str | None = None,
   residual: Any = None,
-  rounding: str = "nearest",
 ):
   r"""Mean of ``tree`` over the workers, sent as it is or compressed; counted.
 
@@ -223,8 +222,6 @@ def counted_mean(
       rounded).
     compression_codec: ``None``, ``"bfloat16"`` or ``"int8"``.
     residual: the error-feedback tree, or ``None``.
-    rounding: ``"nearest"``, or ``"up_sqrt"`` for int8 second moments
-      (:mod:`lordo_jax.compression`).
 
   Returns:
     ``(mean, ledger, residual)``.
@@ -238,7 +235,7 @@ def counted_mean(
   leaves, treedef = jax.tree.flatten(tree)
   residuals = [None] * len(leaves) if residual is None else treedef.flatten_up_to(residual)
   results = [
-    _compressed_mean_leaf(x, e, axis_name, num_workers, compression_codec, rounding)
+    _compressed_mean_leaf(x, e, axis_name, num_workers, compression_codec)
     for x, e in zip(leaves, residuals, strict=True)
   ]
   mean = treedef.unflatten([r[0] for r in results])

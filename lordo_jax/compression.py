@@ -10,13 +10,11 @@ A compressed mean (:func:`lordo_jax.collectives.counted_mean`) sends each leaf a
   :math:`q_{ij} = \mathrm{round}(x_{ij} / s_i) \in [-127, 127]` (1 byte per value
   plus 4 bytes per row); decoded as :math:`q_{ij} s_i`.
 
-``rounding="up_sqrt"`` is the int8 codec for Adam's second moment v: it sends
-:math:`\lceil \sqrt{v} / s \rceil` with :math:`s = \max \sqrt{v} / 127` per row and
-decodes :math:`(q s)^2 \ge v`. Linear int8 would round every entry under
-:math:`\max v / 254` of its row to zero and turn Adam's denominator
-:math:`\sqrt{\hat v} + \epsilon` into :math:`\epsilon`; rounding up can only make a
-step smaller. (bfloat16 keeps relative precision at every magnitude and needs no such
-care.)
+int8 keeps absolute precision (a step of :math:`\max_j |x_{ij}| / 127` per row): right
+for a pseudo-gradient, whose rounding error feedback carries into the next round, but
+not for Adam's moments, which are divided by each other and have no error feedback.
+A synchronisation compressed to int8 therefore sends its moments in bfloat16
+(:data:`MOMENT_CODECS`).
 
 Everything here is local arithmetic: no communication, no state.
 """
@@ -28,6 +26,12 @@ import jax.numpy as jnp
 
 CODECS = ("bfloat16", "int8")
 INT8_MAX = 127.0
+# The codec of the moments, per compression of a sync. Linear int8 rounds every entry
+# under 1/254 of its row's largest to zero: a first moment of 0 where the gradient is
+# small stops Adam there (u / sqrt(v) is O(1) for small and large gradients alike),
+# and rounding the second moment up instead only trades that for steps shrunk by up
+# to 127x. bfloat16 keeps relative precision at every magnitude.
+MOMENT_CODECS = {"bfloat16": "bfloat16", "int8": "bfloat16"}
 
 
 def as_rows(x: jax.Array, num_workers: int) -> tuple[jax.Array, tuple]:
@@ -62,7 +66,7 @@ def from_rows(rows: jax.Array, layout: tuple) -> jax.Array:
   return rows.reshape(-1)[: math.prod(shape)].reshape(shape)
 
 
-def encode(rows: jax.Array, codec: str, rounding: str = "nearest"):
+def encode(rows: jax.Array, codec: str):
   """``rows`` (float32, ``... x C``) as ``(values, scales)``; scales are per row.
 
   ``scales`` is ``None`` for bfloat16.
@@ -71,21 +75,14 @@ def encode(rows: jax.Array, codec: str, rounding: str = "nearest"):
     return rows.astype(jnp.bfloat16), None
   if codec != "int8":
     raise ValueError(f"compression={codec!r} is not one of {CODECS}.")
-  if rounding == "up_sqrt":
-    root = jnp.sqrt(jnp.maximum(rows, 0.0))
-    scales = jnp.max(root, axis=-1) / INT8_MAX
-    safe = jnp.where(scales > 0, scales, 1.0)[..., None]
-    values = jnp.clip(jnp.ceil(root / safe), 0.0, INT8_MAX)
-  else:
-    scales = jnp.max(jnp.abs(rows), axis=-1) / INT8_MAX
-    safe = jnp.where(scales > 0, scales, 1.0)[..., None]
-    values = jnp.clip(jnp.round(rows / safe), -INT8_MAX, INT8_MAX)
+  scales = jnp.max(jnp.abs(rows), axis=-1) / INT8_MAX
+  safe = jnp.where(scales > 0, scales, 1.0)[..., None]
+  values = jnp.clip(jnp.round(rows / safe), -INT8_MAX, INT8_MAX)
   return values.astype(jnp.int8), scales
 
 
-def decode(values: jax.Array, scales: jax.Array | None, rounding: str = "nearest"):
+def decode(values: jax.Array, scales: jax.Array | None):
   """The float32 rows a ``(values, scales)`` pair stands for."""
   if scales is None:
     return values.astype(jnp.float32)
-  decoded = values.astype(jnp.float32) * scales[..., None]
-  return decoded**2 if rounding == "up_sqrt" else decoded
+  return values.astype(jnp.float32) * scales[..., None]

@@ -41,7 +41,11 @@ def round_length(sync_every: SyncPeriod, step) -> jnp.ndarray:
 
 
 def quadratic_sync_rule(
-  base_period: int, alpha: float, learning_rate: optax.ScalarOrSchedule
+  base_period: int,
+  alpha: float,
+  learning_rate: optax.ScalarOrSchedule,
+  *,
+  warmup_steps: int = 0,
 ) -> Callable:
   r"""The Quadratic Synchronization Rule: :math:`\max(H_b, \lfloor(\alpha/\eta_s)^2\rfloor)`.
 
@@ -51,6 +55,9 @@ def quadratic_sync_rule(
       :math:`\eta < \alpha / \sqrt{H_b}`.
     learning_rate: the optimizer's learning rate, a float or an optax schedule;
       :math:`\eta_s` is its value at the round's first step ``s``.
+    warmup_steps: rounds that start before this step last ``base_period``. The rule
+      is meant for the decaying rate (Gu et al. apply it after warmup); a warmup
+      from a rate of 0 would otherwise start with a round that never ends.
 
   Returns:
     ``period(step)``, to pass as ``sync_every``.
@@ -68,12 +75,14 @@ def quadratic_sync_rule(
   """
   checks.positive_int("quadratic_sync_rule", "base_period", base_period)
   checks.positive("quadratic_sync_rule", "alpha", alpha)
+  checks.positive_int("quadratic_sync_rule", "warmup_steps", warmup_steps, minimum=0)
   schedule = learning_rate if callable(learning_rate) else (lambda _: learning_rate)
 
   def period(step):
     rate = jnp.asarray(schedule(step), jnp.float32)
     quadratic = jnp.floor((alpha / jnp.maximum(rate, 1e-30)) ** 2)
     # Cap well inside int32: a rate of zero means "never sync again" in practice.
+    quadratic = jnp.where(step < warmup_steps, base_period, quadratic)
     return jnp.maximum(base_period, jnp.minimum(quadratic, 2.0**30)).astype(jnp.int32)
 
   return period

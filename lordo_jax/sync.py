@@ -27,8 +27,8 @@ Beyond the paper, three options change how a round communicates:
   (:func:`lordo_jax.collectives.counted_mean`); the pseudo-gradient with per-worker
   error feedback of what the rounding lost (:attr:`SynchronizeState.residual`), so
   nothing is lost over time; the moments without (each sync replaces them by their
-  average, so there is nothing to feed a residual into), the int8 second moment
-  rounded up so Adam's denominator never shrinks.
+  average, so there is nothing to feed a residual into), and in bfloat16 when the
+  pseudo-gradient goes in int8 (:data:`lordo_jax.compression.MOMENT_CODECS`).
 * ``fragments=F`` (streaming, as in Streaming DiLoCo): the parameters are cut into F
   fragments that sync at staggered steps of the round, fragment f at the steps
   :math:`t \equiv o_f \pmod K` (:func:`lordo_jax.schedules.fragment_offsets`). Each
@@ -169,7 +169,8 @@ def synchronize(
       not be averaged).
     fault_tolerant: leave failed or absent workers out of the averages (see above).
     compression: ``None`` (messages in the dtype of what is sent), ``"bfloat16"`` or
-      ``"int8"`` (per-row scales), with error feedback of the pseudo-gradient.
+      ``"int8"`` (per-row scales), with error feedback of the pseudo-gradient; with
+      ``"int8"`` the moments go in bfloat16.
     fragments: F, the number of fragments synced at staggered steps (streaming),
       at most K; or a function of the params returning a tree of fragment indices
       (:func:`lordo_jax.schedules.fragment_labels`). ``None`` (default) or 1: no
@@ -231,7 +232,7 @@ def synchronize(
       residual=residual,
     )
 
-  def mean(tree, present, ledger, residual=None, rounding="nearest"):
+  def mean(tree, present, ledger, residual=None, codec=compression):
     """(mean over the present workers, share present, ledger, residual)."""
     if fault_tolerant:
       tree, fraction, ledger = collectives.counted_mean_of_present(tree, present, ledger, axis_name)
@@ -240,9 +241,8 @@ def synchronize(
       tree,
       ledger,
       axis_name,
-      compression_codec=compression,
+      compression_codec=codec,
       residual=residual,
-      rounding=rounding,
     )
     return tree, jnp.ones([], jnp.float32), ledger, residual
 
@@ -266,13 +266,8 @@ def synchronize(
   def average(inner_state, ledger, fields, present, keep):
     """The ``fields`` moments of the parameters in ``keep``, averaged."""
     moments = {f: trees.moment_tree(inner_state, f, keep) for f in fields}
-    if compression is not None:
-      for f in fields:
-        rounding = "up_sqrt" if f == "nu" and compression == "int8" else "nearest"
-        moments[f], _, ledger, _ = mean(moments[f], present, ledger, rounding=rounding)
-      averaged, fraction = moments, jnp.ones([], jnp.float32)
-    else:
-      averaged, fraction, ledger, _ = mean(moments, present, ledger)
+    codec = None if compression is None else compression_lib.MOMENT_CODECS[compression]
+    averaged, fraction, ledger, _ = mean(moments, present, ledger, codec=codec)
     for f in fields:
       kept = jax.tree.map(lambda a, own: jnp.where(fraction > 0, a, own), averaged[f], moments[f])
       inner_state = trees.with_moments(inner_state, f, kept)

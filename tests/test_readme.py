@@ -28,3 +28,11 @@ def test_nnx_shard_map_example_runs_and_learns():
 def test_ci_runs_the_readme_test_command():
   command = re.search(r"# the tests\n(.*)\n", README).group(1)
   assert command in (ROOT / ".ci" / "run").read_text()
+
+
+def test_every_public_name_is_in_the_api_table():
+  import lordo_jax
+
+  table = README.split("\n## Public API\n", 1)[1].split("\n## ", 1)[0]
+  missing = [name for name in lordo_jax.__all__ if f"`{name}" not in table]
+  assert not missing, f"not in the README's Public API table: {missing}"

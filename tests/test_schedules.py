@@ -57,6 +57,15 @@ def test_quadratic_sync_rule_follows_its_formula():
   assert int(constant(0)) == 100
 
 
+def test_quadratic_sync_rule_keeps_the_base_period_during_warmup():
+  warmup = optax.linear_schedule(0.0, 1.0, transition_steps=10)
+  rule = lordo_jax.quadratic_sync_rule(BASE, ALPHA, warmup, warmup_steps=10)
+  assert [int(rule(s)) for s in range(10)] == [BASE] * 10
+  assert int(rule(10)) == max(BASE, math.floor(ALPHA**2))
+  # Without it, a warmup from 0 starts with a round that never ends.
+  assert int(lordo_jax.quadratic_sync_rule(BASE, ALPHA, warmup)(0)) == 2**30
+
+
 def test_sync_steps_lists_the_rounds_end_to_end():
   rule = lordo_jax.quadratic_sync_rule(BASE, ALPHA, LEARNING_RATE)
   assert lordo_jax.sync_steps(rule, STEPS) == expected_sync_steps(qsr_by_hand, STEPS)

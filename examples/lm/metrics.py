@@ -26,16 +26,17 @@ def _worker0(x: Any) -> np.ndarray:
   return np.asarray(jax.device_get(x))[0]
 
 
-def rounds(state: Any, sync_every: int) -> int:
-  """Synchronisation rounds completed: ``count // K`` of a ``SynchronizeState``.
+def rounds(state: Any) -> int:
+  """Synchronisation rounds completed, from the ``SynchronizeState``'s sync counters.
 
-  A method without one (DDP, low-rank DDP) communicates every step: its rounds are
-  its all-reduce calls.
+  With streaming fragments a round is complete when its last fragment has synced
+  (the fewest syncs of any fragment). A method without one (DDP, low-rank DDP)
+  communicates every step: its rounds are its all-reduce calls.
   """
   syncs = _nodes(state, lordo_jax.SynchronizeState)
   if not syncs:
     return lordo_jax.all_reduce_count(state)
-  return int(_worker0(syncs[0].count)) // sync_every
+  return int(np.min(_worker0(syncs[0].syncs)))
 
 
 def error_norm(state: Any) -> float | None:
@@ -100,12 +101,12 @@ def state_bytes(state: Any) -> dict[str, int]:
   return {"total": sum(int(np.asarray(x).nbytes) for x in jax.tree.leaves(one))}
 
 
-def step_metrics(state: Any, sync_every: int, tracker: ProjectionTracker) -> dict[str, Any]:
+def step_metrics(state: Any, tracker: ProjectionTracker) -> dict[str, Any]:
   """Everything above for one logging step, as a JSON-ready dict."""
   return {
     "bytes": lordo_jax.communicated_bytes(state),
     "all_reduces": lordo_jax.all_reduce_count(state),
-    "rounds": rounds(state, sync_every),
+    "rounds": rounds(state),
     "projection_similarity": tracker(state),
     "error_norm": error_norm(state),
   }

@@ -73,11 +73,15 @@ def get_optimizer(
   weight_decay: float = 0.0,
   low_rank_labels: Callable[[Any], Any] | None = model_lib.low_rank_labels,
   extra_options: dict[str, Any] | None = None,
+  warmup_steps: int = 0,
 ) -> optax.GradientTransformation:
   """The optimizer ``lordo_jax.<name>`` with the options its signature accepts.
 
   ``extra_options`` go to the factory as they are (``{"omega": 1.0}``, say), after
-  the common options above, which they override; the factory checks them.
+  the common options above, which they override; the factory checks them. One is
+  read here instead: ``quadratic_sync_alpha`` (a float) makes ``sync_every`` the
+  Quadratic Synchronization Rule, ``lordo_jax.quadratic_sync_rule(sync_every,
+  alpha, learning_rate, warmup_steps=warmup_steps)``.
 
   Raises:
     ValueError: if ``lordo_jax`` has no method ``name``.
@@ -95,10 +99,16 @@ def get_optimizer(
     "weight_decay": weight_decay,
   }
   options.update(dict.fromkeys(_REFRESH_NAMES, refresh_every))
+  extra_options = dict(extra_options or {})
+  alpha = extra_options.pop("quadratic_sync_alpha", None)
+  if alpha is not None:
+    options["sync_every"] = lordo_jax.quadratic_sync_rule(
+      sync_every, alpha, learning_rate, warmup_steps=warmup_steps
+    )
   accepted = inspect.signature(factory).parameters
   if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values()):
     # A variant forwarding **options to another factory (say, to lordo): give it the
     # options lordo takes.
     accepted = {**inspect.signature(lordo_jax.lordo).parameters, **accepted}
   options = {k: v for k, v in options.items() if k in accepted}
-  return factory(learning_rate, **(options | dict(extra_options or {})))
+  return factory(learning_rate, **(options | extra_options))

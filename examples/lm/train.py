@@ -155,6 +155,7 @@ def make_optimizer(method: str, config: TrainConfig) -> optax.GradientTransforma
     refresh_every=config.refresh_every,
     weight_decay=config.weight_decay,
     extra_options=dict(config.optimizer_options),
+    warmup_steps=config.warmup_steps,
   )
 
 
@@ -220,7 +221,7 @@ def train(
     history = {"train_loss": [], "step_time_s": [], "bytes_sent": [], "wall_time_s": 0.0}
     history["evals"] = [
       {"step": 0, "val_loss": evaluate(params)}
-      | metrics_lib.step_metrics(opt_state, config.sync_every, tracker)
+      | metrics_lib.step_metrics(opt_state, tracker)
     ]
   last = min(config.steps, config.stop_after or config.steps)
   compile_time = 0.0
@@ -244,7 +245,7 @@ def train(
     history["bytes_sent"].append(lordo_jax.communicated_bytes(opt_state))
     if t % config.eval_every == 0 or t == config.steps:
       record = {"step": t, "val_loss": evaluate(params)}
-      record |= metrics_lib.step_metrics(opt_state, config.sync_every, tracker)
+      record |= metrics_lib.step_metrics(opt_state, tracker)
       history["evals"].append(record)
       bar.set_postfix(
         loss=f"{history['train_loss'][-1]:.3f}",

@@ -1,0 +1,78 @@
+r"""Regenerates every table and plot behind BENCHMARKS.md, one study after another.
+
+    python benchmarks/run_all.py            # full: results in benchmarks/results
+    python benchmarks/run_all.py --quick    # minutes: results in runs/benchmarks_quick
+    python benchmarks/run_all.py --quick --only quality,time_to_target --out /tmp/b
+
+Each study is its own script, run in a subprocess (each sets up its own simulated
+devices): ``quality.py`` (trains, or reads its cached runs), then
+``time_to_target.py`` (reads the quality study's runs), ``extensions.py``
+(compressed, streamed, two-sided and adaptive syncs, at the quality study's best
+learning rates), then the optimizer-step
+studies ``step_speed.py``, ``step_overhead.py`` and ``memory.py`` where present.
+A study gets ``--quick`` and ``--out`` when its ``--help`` offers them; in quick
+mode a study that offers neither is skipped, so quick mode never writes over the
+committed full results. The wall time of each study goes to ``run_all.json``.
+"""
+
+import argparse
+import json
+import pathlib
+import subprocess
+import sys
+import time
+
+HERE = pathlib.Path(__file__).resolve().parent
+ROOT = HERE.parent
+STUDIES = ("quality", "time_to_target", "extensions", "step_speed", "step_overhead", "memory")
+RESULTS = HERE / "results"
+QUICK_RESULTS = ROOT / "runs" / "benchmarks_quick"
+
+
+def command(study: str, quick: bool, out: pathlib.Path, default_out: bool) -> list[str] | None:
+  """The command line of ``study``, or None when it cannot run as asked."""
+  script = HERE / f"{study}.py"
+  if not script.exists():
+    return None
+  offered = subprocess.run(
+    [sys.executable, str(script), "--help"], capture_output=True, text=True, cwd=ROOT
+  ).stdout
+  args = [sys.executable, str(script)]
+  if quick:
+    if "--quick" not in offered or "--out" not in offered:
+      return None
+    args.append("--quick")
+  if "--out" in offered:
+    args += ["--out", str(out)]
+  elif not default_out:
+    return None  # It would write to its own place, not to the --out asked for.
+  return args
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--quick", action="store_true", help="every study's quick mode")
+  parser.add_argument("--out", type=pathlib.Path, default=None, help="where results go")
+  parser.add_argument("--only", default=",".join(STUDIES), help="comma-separated studies")
+  args = parser.parse_args(argv)
+  out = args.out or (QUICK_RESULTS if args.quick else RESULTS)
+  out.mkdir(parents=True, exist_ok=True)
+  timings = {}
+  for study in args.only.split(","):
+    if study not in STUDIES:
+      parser.error(f"--only: unknown study {study!r}; choose among {','.join(STUDIES)}")
+    argv_study = command(study, args.quick, out, default_out=args.out is None)
+    if argv_study is None:
+      print(f"{study}: skipped (no script, or no way to run it {'quickly ' * args.quick}in {out})")
+      continue
+    print(f"{study}: {' '.join(argv_study[1:])}", flush=True)
+    start = time.perf_counter()
+    subprocess.run(argv_study, check=True, cwd=ROOT)
+    timings[study] = time.perf_counter() - start
+  (out / "run_all.json").write_text(json.dumps({"quick": args.quick, "wall_time_s": timings}))
+  print("wall time: " + ", ".join(f"{k} {v:.0f} s" for k, v in timings.items()))
+  return 0
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())
