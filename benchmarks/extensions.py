@@ -27,6 +27,7 @@ import statistics  # noqa: E402
 import lm_runs  # noqa: E402
 import quality  # noqa: E402
 import quality_report  # noqa: E402
+import quality_summary  # noqa: E402
 from variants import Variant  # noqa: E402
 
 LOSS_GAP = 0.02
@@ -108,25 +109,13 @@ def peak_step_bytes(record: dict) -> int:
 
 
 def row(variant: Variant, records: list[dict], learning_rate: float) -> dict:
-  losses = [r["result"]["final_val_loss"] for r in records]
-  return {
-    "variant": variant.name,
-    "method": variant.method,
-    "options": [list(o) for o in variant.options],
-    "description": variant.description,
-    "learning_rate": learning_rate,
-    "final_val_loss": losses,
-    "mean": statistics.fmean(losses),
-    "spread": statistics.stdev(losses) if len(losses) > 1 else 0.0,
-    "bytes": records[0]["result"]["communicated_bytes"],
+  """The quality study's row of ``variant``, plus its largest step and mean curve."""
+  evals = [r["result"]["evals"] for r in records]
+  return quality_summary.method_row(variant, records, learning_rate) | {
     "peak_step_bytes": peak_step_bytes(records[0]),
-    "state_bytes": records[0]["result"]["state_bytes"],
     "curve": {
-      "bytes": [e["bytes"] for e in records[0]["result"]["evals"]],
-      "val_loss": [
-        statistics.fmean(r["result"]["evals"][i]["val_loss"] for r in records)
-        for i in range(len(records[0]["result"]["evals"]))
-      ],
+      "bytes": [e["bytes"] for e in evals[0]],
+      "val_loss": [statistics.fmean(e[i]["val_loss"] for e in evals) for i in range(len(evals[0]))],
     },
   }
 
