@@ -1,0 +1,160 @@
+"""One training run of the example LM, described by a :class:`RunSpec`, cached on disk.
+
+A run is ``examples/lm``'s ``train()`` (imported as a user would, from
+``examples/``) on simulated CPU workers. Its result is kept as one JSON file per
+run in a cache folder, named by the run's settings and a hash of all of them, so a
+study that is interrupted or re-run trains only what it has not finished. The file
+also records where it was measured (jax version, CPU, git commit, date).
+
+Entry points must set ``OPENBLAS_NUM_THREADS=1`` before NumPy loads and call
+:func:`simulate_devices` before JAX starts (see ``examples/main.py``).
+"""
+
+import dataclasses
+import datetime
+import functools
+import hashlib
+import json
+import os
+import pathlib
+import platform
+import subprocess
+import sys
+from typing import Any
+
+import jax
+from variants import Variant
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "examples"))
+
+from lm import data  # noqa: E402
+from lm import model  # noqa: E402
+from lm import train  # noqa: E402
+
+DEVICES = 8
+
+
+def simulate_devices(count: int = DEVICES) -> None:
+  """``count`` simulated CPU devices; call before JAX starts."""
+  jax.config.update("jax_num_cpu_devices", count)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+  """Everything that determines one run's result."""
+
+  variant: Variant
+  preset: str
+  steps: int
+  learning_rate: float
+  seed: int
+  rank: int
+  batch_size: int  # Windows per worker per step.
+  sync_every: int  # K.
+  refresh_every: int  # T of low-rank DDP.
+  num_workers: int = 8
+  warmup_steps: int = 32
+  weight_decay: float = 0.0
+  eval_every: int = 16
+  eval_windows: int = 64
+
+  def config(self) -> train.TrainConfig:
+    """The ``TrainConfig`` of this run."""
+    return train.TrainConfig(
+      steps=self.steps,
+      num_workers=self.num_workers,
+      batch_size=self.batch_size,
+      learning_rate=self.learning_rate,
+      warmup_steps=self.warmup_steps,
+      weight_decay=self.weight_decay,
+      rank=self.rank,
+      sync_every=self.sync_every,
+      refresh_every=self.refresh_every,
+      seed=self.seed,
+      eval_every=self.eval_every,
+      eval_windows=self.eval_windows,
+      optimizer_options=self.variant.options,
+    )
+
+  def key(self) -> dict[str, Any]:
+    """The settings that name the cache file (the description is not one)."""
+    fields = dataclasses.asdict(self)
+    variant = self.variant
+    fields["variant"] = {"name": variant.name, "method": variant.method}
+    fields["variant"]["options"] = [list(o) for o in variant.options]
+    return fields
+
+  def file_name(self) -> str:
+    """The cache file of this run: see :func:`file_name`."""
+    return file_name(self.key())
+
+
+def file_name(key: dict[str, Any]) -> str:
+  """``<variant>_<preset>_r<rank>_b<batch>_lr<lr>_s<seed>_<hash of key>.json``."""
+  digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
+  return (
+    f"{key['variant']['name']}_{key['preset']}_r{key['rank']}_b{key['batch_size']}_"
+    f"lr{key['learning_rate']:g}_s{key['seed']}_{digest}.json"
+  )
+
+
+@functools.cache
+def dataset(num_workers: int, seq_len: int, batch_size: int) -> data.Dataset:
+  """The default corpus, split for ``num_workers`` workers."""
+  raw, name = data.load_text()
+  return data.split(raw, num_workers=num_workers, seq_len=seq_len, batch_size=batch_size, name=name)
+
+
+def cpu_model() -> str:
+  """The CPU's model name (``/proc/cpuinfo``), or the platform's processor string."""
+  cpuinfo = pathlib.Path("/proc/cpuinfo")
+  if cpuinfo.exists():
+    for line in cpuinfo.read_text().splitlines():
+      if line.startswith("model name"):
+        return line.split(":", 1)[1].strip()
+  return platform.processor() or platform.machine()
+
+
+def provenance() -> dict[str, Any]:
+  """Where and with what a result was measured."""
+  commit = subprocess.run(
+    ["git", "describe", "--always", "--dirty"], capture_output=True, text=True, cwd=ROOT
+  ).stdout.strip()
+  return {
+    "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    "git_commit": commit or None,
+    "jax": jax.__version__,
+    "python": platform.python_version(),
+    "cpu": cpu_model(),
+    "cores": os.cpu_count(),
+    "devices": jax.device_count(),
+  }
+
+
+def run(spec: RunSpec, cache: pathlib.Path, *, fresh: bool = False, log=print) -> dict[str, Any]:
+  """The result of ``spec``: read from ``cache`` if there, else trained and stored.
+
+  Returns:
+    ``{"spec": ..., "provenance": ..., "result": RunResult as a dict}``.
+  """
+  path = cache / spec.file_name()
+  if path.exists() and not fresh:
+    return json.loads(path.read_text())
+  model_config = model.PRESETS[spec.preset]
+  corpus = dataset(spec.num_workers, model_config.seq_len, spec.batch_size)
+  result = train.train(spec.variant.method, spec.config(), model_config, corpus, progress=False)
+  record = {
+    "spec": spec.key(),
+    "provenance": provenance(),
+    "result": dataclasses.asdict(result),
+  }
+  cache.mkdir(parents=True, exist_ok=True)
+  tmp = path.with_suffix(".tmp")
+  tmp.write_text(json.dumps(record))
+  tmp.replace(path)
+  log(
+    f"{spec.variant.name:>30} lr {spec.learning_rate:g} seed {spec.seed} r {spec.rank} "
+    f"b {spec.batch_size}: val {result.final_val_loss:.4f}, {result.wall_time_s:.0f} s"
+  )
+  return record
