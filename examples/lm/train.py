@@ -220,8 +220,7 @@ def train(
   if not first:
     history = {"train_loss": [], "step_time_s": [], "bytes_sent": [], "wall_time_s": 0.0}
     history["evals"] = [
-      {"step": 0, "val_loss": evaluate(params)}
-      | metrics_lib.step_metrics(opt_state, tracker)
+      {"step": 0, "val_loss": evaluate(params)} | metrics_lib.step_metrics(opt_state, tracker)
     ]
   last = min(config.steps, config.stop_after or config.steps)
   compile_time = 0.0
