@@ -162,7 +162,10 @@ def _compressed_mean_leaf(x, residual, axis_name, num_workers, codec):
   def scatter(a):
     return None if a is None else jax.lax.all_to_all(split(a), axis_name, 0, 0)
 
-  received = compression.decode(scatter(values), scatter(scales))
+  received_values = scatter(values)
+  if scales is not None:  # After the values: one collective at a time (see counted_mean).
+    scales, received_values = jax.lax.optimization_barrier((scales, received_values))
+  received = compression.decode(received_values, scatter(scales))
   shard = jnp.mean(received, axis=0)
   shard_values, shard_scales = compression.encode(shard, codec)
   shard_error = shard - compression.decode(shard_values, shard_scales)
@@ -170,7 +173,10 @@ def _compressed_mean_leaf(x, residual, axis_name, num_workers, codec):
   def gather(a):
     return None if a is None else jax.lax.all_gather(a, axis_name)
 
-  mean_rows = compression.decode(gather(shard_values), gather(shard_scales))
+  gathered_values = gather(shard_values)
+  if shard_scales is not None:
+    shard_scales, gathered_values = jax.lax.optimization_barrier((shard_scales, gathered_values))
+  mean_rows = compression.decode(gathered_values, gather(shard_scales))
   mean = compression.from_rows(mean_rows.reshape(rows.shape), layout).astype(x.dtype)
   sent = tuple(a for a in (values, scales) if a is not None)
   if residual is None:
@@ -203,6 +209,10 @@ def counted_mean(
   2. all-gather: worker j encodes its averaged shard and sends it to every worker
      (``all_gather``); all decode the same M shards, so they hold the same mean.
 
+  The collectives run one at a time, leaf after leaf (a data dependency orders
+  them): on simulated CPU devices (jax 0.12) many independent collectives in flight
+  at once deadlocked XLA's rendezvous.
+
   Per worker that moves :math:`2 (M - 1) / M` times the encoded block, as a ring
   all-reduce of it would: the ledger counts the encoded block (values, and the
   int8 row scales) as one all-reduce payload, padding included.
@@ -234,10 +244,11 @@ def counted_mean(
   num_workers = jax.lax.axis_size(axis_name)
   leaves, treedef = jax.tree.flatten(tree)
   residuals = [None] * len(leaves) if residual is None else treedef.flatten_up_to(residual)
-  results = [
-    _compressed_mean_leaf(x, e, axis_name, num_workers, compression_codec)
-    for x, e in zip(leaves, residuals, strict=True)
-  ]
+  results = []
+  for x, e in zip(leaves, residuals, strict=True):
+    if results:  # Each leaf's collectives after the previous leaf's: see above.
+      x, _ = jax.lax.optimization_barrier((x, results[-1][0]))
+    results.append(_compressed_mean_leaf(x, e, axis_name, num_workers, compression_codec))
   mean = treedef.unflatten([r[0] for r in results])
   if residual is not None:
     residual = treedef.unflatten([r[1] for r in results])
