@@ -40,6 +40,16 @@ Beyond the paper, three options change how a round communicates:
 
 All collectives go through :mod:`lordo_jax.collectives`, inside ``lax.cond``
 branches, so nothing is sent or computed for the round on other steps.
+
+Cost of a local step: the update is ``where(synced now, anchor - params, local
+update)``, leaf by leaf, outside the round's ``lax.cond``, and the sync branch
+recomputes the local step it needs for the pseudo-gradient instead of taking it as an
+operand. A conditional's operands and results are materialised buffers, so carrying
+the local update through it made every local step write the full-size update out and
+read it back, and kept ``optax.apply_updates`` from fusing with the local step (on CPU
+a third of a local step on a 768 x 3072 matrix, ``benchmarks/step_speed.py``). The
+price is one more local step inside each sync step, and the inner optimizer must be
+local (no collectives), as every chain in this library is.
 """
 
 from typing import Any
@@ -146,7 +156,8 @@ def synchronize(
   Args:
     inner: the local optimizer (it produces the per-step update, learning rate
       included). Its Adam-like states (``optax.ScaleByAdamState`` and
-      :class:`~lordo_jax.low_rank.LowRankAdamState`) are what gets averaged.
+      :class:`~lordo_jax.low_rank.LowRankAdamState`) are what gets averaged. It
+      must not communicate: a sync step runs it twice (see the module docstring).
     sync_every: K, steps per round; or a function of the step giving each round's
       length (:mod:`lordo_jax.schedules`, e.g. :func:`lordo_jax.quadratic_sync_rule`).
     axis_name: the worker axis (``shard_map`` mesh axis or ``pmap`` axis name);
@@ -274,8 +285,9 @@ def synchronize(
     return inner_state, ledger
 
   def fragment_sync(f, keep, carry, grads, params, local_updates, present):
-    """The round's end for the parameters in ``keep`` (fragment ``f``)."""
-    updates, inner_state, anchor, outer_states, ledger, faults, syncs, residual = carry
+    """The round's end for the parameters in ``keep`` (fragment ``f``): the new carry,
+    whose anchor holds the synchronised parameters of the leaves in ``keep``."""
+    inner_state, anchor, outer_states, ledger, faults, syncs, residual = carry
     local_params = optax.apply_updates(params, local_updates)
     delta = trees.select(jax.tree.map(lambda a, x: a - x, anchor, local_params), keep)
     if fault_tolerant:
@@ -307,8 +319,6 @@ def synchronize(
     synced = _where(anyone, synced, anchor)
     outer_state = _where(anyone, outer_state, outer_states[f])
     outer_states = (*outer_states[:f], outer_state, *outer_states[f + 1 :])
-    synced_updates = jax.tree.map(lambda s, p: (s - p).astype(p.dtype), synced, params)
-    updates = trees.merge(updates, trees.select(synced_updates, keep))
     workers = 1 if axis_name is None else jax.lax.axis_size(axis_name)
     absent = jnp.round((1 - fraction) * workers).astype(jnp.int32)
     faults = FaultCounts(
@@ -317,7 +327,7 @@ def synchronize(
       empty_syncs=faults.empty_syncs + (~anyone).astype(jnp.int32),
     )
     syncs = syncs.at[f].add(1)
-    return updates, inner_state, synced, outer_states, ledger, faults, syncs, residual
+    return inner_state, synced, outer_states, ledger, faults, syncs, residual
 
   def update_fn(grads, state, params=None, *, worker_present=True, **extra_args):
     if params is None:
@@ -345,12 +355,22 @@ def synchronize(
         lambda s: s,
         state,
       )
-    local_updates, inner_state = inner.update(grads, state.inner_state, params, **extra_args)
-    faults = state.faults
-    if fault_tolerant:
+
+    def local_step():
+      """(local updates, inner state, faults) of this step's local optimizer step."""
+      local_updates, inner_state = inner.update(grads, state.inner_state, params, **extra_args)
+      if not fault_tolerant:
+        return local_updates, inner_state, state.faults
       local_updates = _where(finite_grads, local_updates, jax.tree.map(jnp.zeros_like, grads))
       inner_state = _keep_values_on_skip(finite_grads, inner_state, state.inner_state)
-      faults = faults._replace(round_ok=faults.round_ok & finite_grads)
+      return (
+        local_updates,
+        inner_state,
+        state.faults._replace(round_ok=state.faults.round_ok & finite_grads),
+      )
+
+    local_updates, inner_state, faults = local_step()
+    if fault_tolerant:
       present = present & faults.round_ok
 
     masks = fragment_masks(params)
@@ -360,7 +380,6 @@ def synchronize(
       offsets = schedules.fragment_offsets(sync_every, len(masks))
       predicates = [count % sync_every == offset for offset in offsets]
     carry = (
-      local_updates,
       inner_state,
       state.anchor,
       state.outer_state,
@@ -372,11 +391,25 @@ def synchronize(
     for f, (keep, predicate) in enumerate(zip(masks, predicates, strict=True)):
       carry = jax.lax.cond(
         predicate,
-        lambda c, f=f, keep=keep: fragment_sync(f, keep, c, grads, params, local_updates, present),
+        # The branch recomputes the local updates: see "Cost of a local step" above.
+        lambda c, f=f, keep=keep: fragment_sync(
+          f, keep, c, grads, params, local_step()[0], present
+        ),
         lambda c: c,
         carry,
       )
-    updates, inner_state, anchor, outer_state, ledger, faults, syncs, residual = carry
+    inner_state, anchor, outer_state, ledger, faults, syncs, residual = carry
+    if masks[0] is None:
+      leaf_syncs = jax.tree.map(lambda _: predicates[0], params)
+    else:
+      leaf_syncs = jax.tree.map(lambda *keeps: predicates[keeps.index(True)], *masks)
+    updates = jax.tree.map(
+      lambda synced_now, a, p, u: jnp.where(synced_now, (a - p).astype(u.dtype), u),
+      leaf_syncs,
+      anchor,
+      params,
+      local_updates,
+    )
     ends_round = predicates[-1]
     next_sync = jnp.where(
       ends_round, count + schedules.round_length(sync_every, count), state.next_sync
