@@ -151,10 +151,14 @@ def batches(steps):
   ids=["lordo", "diloco", "ddp"],
 )
 def test_compressed_optimizers_send_fewer_bytes_and_keep_workers_together(build):
+  # Random weights, not PARAMS: with all-equal weights the pseudo-gradient's singular
+  # values tie, so LoRDO's rank-2 basis (and the run) turns on float32 rounding: two
+  # uncompressed float32 programs that fuse differently ended 2e-3 apart.
+  params = {"w": 0.3 * jax.random.normal(jax.random.key(0), (16, 8)), "b": jnp.zeros(8)}
   steps = 6
-  plain, _ = workers.run(build(None), loss, PARAMS, batches(steps), M)
-  int8, _ = workers.run(build("int8"), loss, PARAMS, batches(steps), M)
-  bf16, _ = workers.run(build("bfloat16"), loss, PARAMS, batches(steps), M)
+  plain, _ = workers.run(build(None), loss, params, batches(steps), M)
+  int8, _ = workers.run(build("int8"), loss, params, batches(steps), M)
+  bf16, _ = workers.run(build("bfloat16"), loss, params, batches(steps), M)
   sent = {
     name: lordo_jax.communicated_bytes(run[-1][1])
     for name, run in (("f32", plain), ("int8", int8), ("bf16", bf16))
@@ -163,13 +167,20 @@ def test_compressed_optimizers_send_fewer_bytes_and_keep_workers_together(build)
   # float32 scale per row (w: 16 rows, b: flattened into 4 rows of 2).
   assert sent["bf16"] * 2 == sent["f32"]
   assert sent["int8"] < sent["bf16"]
+  # Compressed runs move the weights as the plain run does: the difference is under 5%
+  # of the plain run's displacement (measured: at most 2.2%, DDP int8), and no entry is
+  # more than 1.5 Adam steps (lr 1e-2) off (an entry whose gradient is near zero can
+  # take one step of the other sign under int8 rounding; measured: 0.0094, DDP int8).
+  reference = jax.device_get(plain[-1][0])
+  moved = np.sqrt(sum(np.sum((reference[k] - np.asarray(params[k])) ** 2) for k in params))
   for run in (int8, bf16):
-    params = jax.device_get(run[-1][0])  # step 6 ends a round: every worker agrees
-    for leaf in params.values():
+    final = jax.device_get(run[-1][0])  # step 6 ends a round: every worker agrees
+    for leaf in final.values():
       np.testing.assert_allclose(leaf, np.broadcast_to(leaf[0], leaf.shape), rtol=0, atol=1e-6)
-    reference = jax.device_get(plain[-1][0])
-    for name in params:
-      np.testing.assert_allclose(params[name], reference[name], atol=5e-3)
+    apart = np.sqrt(sum(np.sum((final[k] - reference[k]) ** 2) for k in final))
+    assert apart < 0.05 * moved, (apart, moved)
+    for name in final:
+      np.testing.assert_allclose(final[name], reference[name], atol=1.5e-2)
 
 
 def test_compression_residual_is_host_memory_like_the_anchor():
