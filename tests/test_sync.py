@@ -7,6 +7,10 @@
 * M workers fed identical data follow exactly the one-device run with
   ``axis_name=None``.
 * ``jax.pmap`` and ``jax.shard_map`` compute the same thing.
+
+Every loop here steps through ``multiworker.Workers.step``, which waits on each step
+(``jax.block_until_ready``): jaxlib 0.10's CPU collectives deadlock with several steps
+in flight.
 """
 
 import jax
@@ -14,6 +18,7 @@ import jax.numpy as jnp
 import lordo_reference as ref
 import multiworker
 import numpy as np
+import optax
 import pytest
 
 import lordo_jax
@@ -142,3 +147,23 @@ def test_outer_momentum_is_float32_for_bfloat16_params():
   assert traces and all(x.dtype == jnp.float32 for x in traces)
   assert updates["w"].dtype == jnp.bfloat16
   assert np.all(np.asarray(traces[0]) != 0)  # the momentum moved
+
+
+def test_local_update_does_not_pass_through_the_rounds_conditional():
+  """The update is chosen outside the round's ``lax.cond`` (sync.py, "Cost of a local
+  step"): the only parameter-shaped result of any conditional is the anchor, so a
+  local step's update can fuse with ``apply_updates``."""
+  shape = (24, 40)  # a shape nothing else in the program has
+  params = {"w": jnp.full(shape, 0.1)}
+  tx = lordo_jax.lordo(1e-2, rank=4, sync_every=4)
+  state = tx.init(params)
+
+  def step(params, state, grads):
+    updates, state = tx.update(grads, state, params)
+    return optax.apply_updates(params, updates), state
+
+  text = jax.jit(step, donate_argnums=(0, 1)).lower(params, state, params).compile().as_text()
+  entry = text[text.index("ENTRY") :]
+  results = [line.split("conditional(")[0] for line in entry.splitlines() if "conditional(" in line]
+  assert results, "no conditional in the step"
+  assert max(r.count("f32[24,40]") for r in results) == 1, results
