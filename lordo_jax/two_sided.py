@@ -1,5 +1,9 @@
 r"""Two-sided low-rank projection (TSR-Adam): moments and messages in an r x r core.
 
+The public face of the two-sided bases of :mod:`lordo_jax.bases`
+(:mod:`~lordo_jax.bases.two_sided` for what U and V share,
+:mod:`~lordo_jax.bases.two_sided_svd`, :mod:`~lordo_jax.bases.randomized_svd`).
+
 For a ``p x q`` matrix with orthonormal bases U (``p x r``) and V (``q x r``), the
 low-rank path of SPEC section 3 keeps its coordinates in the core
 
@@ -29,7 +33,7 @@ of each column positive):
   :math:`X_m` and the refresh needs the mean, averaging the products
   (``p x l`` and ``l x q`` messages) gives exactly the sketch of the mean: no
   worker ever sends its ``p x q`` matrix (:func:`randomized_bases` takes the
-  averaging as its ``mean`` argument).
+  averaging as its ``mean`` argument; :mod:`lordo_jax.projected_mean` passes it).
 
 ``rotate`` carries the moments into new bases with :math:`R_U = U_\text{new}^\top
 U_\text{old}` and :math:`R_V = V_\text{new}^\top V_\text{old}` (LDAdam's rule on both
@@ -54,114 +58,33 @@ References:
   Robert et al., LDAdam, 2024 (arXiv 2410.16103).
 """
 
-from collections.abc import Callable
-from typing import NamedTuple
-
 import jax
-import jax.numpy as jnp
 
-from lordo_jax import projection as projection_lib
+from lordo_jax import bases
+from lordo_jax.bases.randomized_svd import randomized_bases
+from lordo_jax.bases.two_sided import TwoSidedBasis
+from lordo_jax.bases.two_sided_svd import top_singular_vectors as svd_basis
 
-METHODS = ("svd", "randomized_svd")
-OVERSAMPLE = 8  # Default extra sketch columns.
-POWER_ITERATIONS = 1  # Default power iterations.
+METHODS = tuple(bases.TWO_SIDED)
 
-
-class TwoSidedBasis(NamedTuple):
-  """The bases of one matrix's core: U (``p x r``) and V (``q x r``), float32."""
-
-  left: jax.Array
-  right: jax.Array
-
-
-def project(basis: TwoSidedBasis, matrix: jax.Array) -> jax.Array:
-  """The ``r x r`` core :math:`U^\\top A V`."""
-  return basis.left.T @ matrix @ basis.right
+__all__ = [
+  "METHODS",
+  "TwoSidedBasis",
+  "compute_basis",
+  "random_basis",
+  "randomized_bases",
+  "svd_basis",
+]
 
 
-def unproject(basis: TwoSidedBasis, core: jax.Array) -> jax.Array:
-  """Back to ``p x q``: :math:`U C V^\\top`."""
-  return basis.left @ core @ basis.right.T
-
-
-def empty_basis(p: int, q: int, rank: int) -> TwoSidedBasis:
-  """A placeholder (zeros), replaced by the first refresh."""
-  return TwoSidedBasis(jnp.zeros((p, rank), jnp.float32), jnp.zeros((q, rank), jnp.float32))
+def _strategy(p: int, q: int, method: str, rank: int, **sketch) -> bases.BasisStrategy:
+  options = bases.Options(rank, **sketch)
+  return bases.method(method, two_sided=True, options=options).strategy(p, q)
 
 
 def random_basis(key: jax.Array, p: int, q: int, rank: int) -> TwoSidedBasis:
-  """Orthonormal U and V from ``key`` (``init_projection="random"``)."""
-  left_key, right_key = jax.random.split(key)
-  return TwoSidedBasis(
-    projection_lib.random_basis(left_key, p, rank, "svd"),
-    projection_lib.random_basis(right_key, q, rank, "svd"),
-  )
-
-
-def _checked(basis: TwoSidedBasis, previous: TwoSidedBasis) -> tuple[TwoSidedBasis, jax.Array]:
-  """``(basis, ok)``: the previous basis where the new one is not finite."""
-  ok = jnp.all(jnp.isfinite(basis.left)) & jnp.all(jnp.isfinite(basis.right))
-  return jax.tree.map(lambda new, old: jnp.where(ok, new, old), basis, previous), ok
-
-
-def svd_basis(x: jax.Array, rank: int) -> TwoSidedBasis:
-  """The top-r left and right singular vectors of X, canonical signs each."""
-  u, _, vh = jnp.linalg.svd(x.astype(jnp.float32), full_matrices=False)
-  return TwoSidedBasis(
-    projection_lib.canonical_signs(u[:, :rank]), projection_lib.canonical_signs(vh[:rank].T)
-  )
-
-
-def sketch_width(shape: tuple[int, int], rank: int, oversample: int) -> int:
-  """l = r + oversample, at most min(p, q)."""
-  return min(rank + oversample, *shape)
-
-
-def randomized_bases(
-  matrices: list[jax.Array],
-  rank: int,
-  keys: list[jax.Array],
-  *,
-  oversample: int,
-  power_iterations: int,
-  mean: Callable[[list[jax.Array]], list[jax.Array]] = lambda xs: xs,
-) -> list[TwoSidedBasis]:
-  """Randomized SVD bases of several matrices at once (see the module docstring).
-
-  Args:
-    matrices: ``p x q`` matrices (each worker's own, when ``mean`` averages).
-    rank: r.
-    keys: one PRNG key per matrix, the same on every worker.
-    oversample: extra sketch columns, l = r + oversample.
-    power_iterations: k, passes of :math:`X X^\\top` over the range.
-    mean: applied to each list of products with the matrices, e.g. a counted
-      ``pmean`` over the workers; the identity (default) takes the bases of the
-      matrices themselves. One call per pass, so all matrices share each message.
-
-  Returns:
-    One :class:`TwoSidedBasis` per matrix (not yet checked for finiteness).
-  """
-  xs = [x.astype(jnp.float32) for x in matrices]
-  sketches = [
-    jax.random.normal(key, (x.shape[1], sketch_width(x.shape, rank, oversample)), jnp.float32)
-    for x, key in zip(xs, keys, strict=True)
-  ]
-  orthonormal = lambda ys: [jnp.linalg.qr(y)[0] for y in ys]  # noqa: E731
-  ranges = orthonormal(mean([x @ s for x, s in zip(xs, sketches, strict=True)]))
-  for _ in range(power_iterations):
-    co_ranges = orthonormal(mean([x.T @ q for x, q in zip(xs, ranges, strict=True)]))
-    ranges = orthonormal(mean([x @ z for x, z in zip(xs, co_ranges, strict=True)]))
-  cores = mean([q.T @ x for x, q in zip(xs, ranges, strict=True)])
-  bases = []
-  for q, b in zip(ranges, cores, strict=True):
-    u, _, vh = jnp.linalg.svd(b, full_matrices=False)
-    bases.append(
-      TwoSidedBasis(
-        projection_lib.canonical_signs(q @ u[:, :rank]),
-        projection_lib.canonical_signs(vh[:rank].T),
-      )
-    )
-  return bases
+  """Orthonormal U (``p x r``) and V (``q x r``) from ``key``."""
+  return _strategy(p, q, "svd", rank).init(key)
 
 
 def compute_basis(
@@ -175,28 +98,5 @@ def compute_basis(
   power_iterations: int,
 ) -> tuple[TwoSidedBasis, jax.Array]:
   """U and V of one matrix, ``(basis, ok)``; ``ok`` false keeps ``previous``."""
-  if method == "svd":
-    basis = svd_basis(x, rank)
-  else:
-    (basis,) = randomized_bases(
-      [x], rank, [key], oversample=oversample, power_iterations=power_iterations
-    )
-  return _checked(basis, previous)
-
-
-def checked(bases: list[TwoSidedBasis], previous: list[TwoSidedBasis]):
-  """:func:`compute_basis`'s check for a list of bases: ``[(basis, ok), ...]``."""
-  return [_checked(b, p) for b, p in zip(bases, previous, strict=True)]
-
-
-def rotate_moments(mu, nu, new: TwoSidedBasis, old: TwoSidedBasis, count, b1, b2):
-  r"""LDAdam's transport on both sides of ``r x r`` moments (module docstring)."""
-  rot_left = new.left.T @ old.left
-  rot_right = new.right.T @ old.right
-  first_correction = 1 - b1**count
-  second_correction = 1 - b2**count
-  mean = mu / first_correction
-  variance = jnp.maximum(nu / second_correction - mean**2, 0.0)
-  rotated_mean = rot_left @ mean @ rot_right.T
-  second = jnp.abs((rot_left * rot_left) @ variance @ (rot_right * rot_right).T + rotated_mean**2)
-  return rot_left @ mu @ rot_right.T, second * second_correction
+  sketch = dict(oversample=oversample, power_iterations=power_iterations)
+  return _strategy(*x.shape, method, rank, **sketch).compute(x, previous, key)
