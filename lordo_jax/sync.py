@@ -50,8 +50,17 @@ read it back, and kept ``optax.apply_updates`` from fusing with the local step (
 a third of a local step on a 768 x 3072 matrix, ``benchmarks/step_speed.py``). The
 price is one more local step inside each sync step, and the inner optimizer must be
 local (no collectives), as every chain in this library is.
+
+Each part of the round is a module of its own: when it ends
+(:mod:`lordo_jax.round_schedule`), how messages are averaged
+(:mod:`lordo_jax.averaging`, a strategy chosen once from ``fault_tolerant`` and
+``compression``), steps 1 and 3 (:mod:`lordo_jax.outer_step`), step 4
+(:mod:`lordo_jax.moment_averaging`), step 5 and the initial projection
+(:mod:`lordo_jax.basis_refresh`), and the skipped steps and counts of
+``fault_tolerant=True`` (:mod:`lordo_jax.faults`).
 """
 
+import functools
 from typing import Any
 from typing import NamedTuple
 
@@ -59,15 +68,20 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from lordo_jax import averaging as averaging_lib
+from lordo_jax import basis_refresh
 from lordo_jax import checks
 from lordo_jax import collectives
 from lordo_jax import compression as compression_lib
-from lordo_jax import inner_state as trees
+from lordo_jax import faults as faults_lib
 from lordo_jax import low_rank as low_rank_lib
-from lordo_jax import precision
+from lordo_jax import moment_averaging
+from lordo_jax import outer_step as outer_lib
+from lordo_jax import round_schedule
 from lordo_jax import schedules
+from lordo_jax.faults import FaultCounts
 
-PROJECTION_SOURCES = ("pseudo_gradient", "local_gradient")
+PROJECTION_SOURCES = tuple(basis_refresh.SOURCES)
 
 
 class SynchronizeState(NamedTuple):
@@ -78,18 +92,23 @@ class SynchronizeState(NamedTuple):
   anchor: Any  # Params at the last sync, the same on every worker (host-offloadable).
   outer_state: tuple  # The outer optimizer's state, one per fragment (host-offloadable).
   ledger: collectives.Ledger  # What this wrapper has all-reduced since init.
-  faults: "FaultCounts"  # Workers left out of syncs (fault_tolerant=True).
+  faults: FaultCounts  # Workers left out of syncs (fault_tolerant=True).
   syncs: jax.Array  # int32[F]: syncs completed, per fragment.
   next_sync: jax.Array  # int32 scalar: the step that ends the current round.
   residual: Any  # float32 like params: compression error feedback; () without compression.
 
 
-class FaultCounts(NamedTuple):
-  """Who was left out of the averages, with ``fault_tolerant=True``."""
+class _Round(NamedTuple):
+  """The parts of a round, chosen once from :func:`synchronize`'s options."""
 
-  round_ok: jax.Array  # bool scalar, per worker: no non-finite gradient this round.
-  excluded: jax.Array  # int32: worker exclusions summed over syncs (same on all).
-  empty_syncs: jax.Array  # int32: syncs at which no worker was present.
+  inner: optax.GradientTransformationExtraArgs  # The local optimizer.
+  outer: optax.GradientTransformation  # The outer optimizer, float32 state.
+  sync_every: schedules.SyncPeriod  # K, or a period function of the step.
+  fragments: Any  # F, or a function of the params giving each leaf's fragment.
+  averaging: averaging_lib.Averaging  # How messages are averaged; who is present.
+  moment_groups: list  # [(period, fields)]: the moments averaged together.
+  refresh: basis_refresh.BasisRefresh  # What happens to the low-rank bases.
+  axis_name: str | None  # The worker axis.
 
 
 def _check_options(name, sync_every, fragments, compression, fault_tolerant):
@@ -207,236 +226,137 @@ def synchronize(
   """
   fragments = 1 if fragments is None else fragments
   _check_options(name, sync_every, fragments, compression, fault_tolerant)
-  # The outer optimizer's state (DiLoCo's momentum) is float32 whatever the params.
-  outer = precision.in_float32(optax.sgd(1.0) if outer_optimizer is None else outer_optimizer)
-  inner = optax.with_extra_args_support(inner)
-
-  def fragment_masks(params) -> list:
-    """One ``keep`` tree per fragment (``[None]``: no streaming)."""
-    if not callable(fragments) and fragments == 1:
-      return [None]
-    labels = schedules.fragment_labels(params, fragments)
-    treedef = jax.tree.structure(params)
-    return [treedef.unflatten([lab == f for lab in labels]) for f in range(max(labels) + 1)]
-
-  def outer_for(keep):
-    return outer if keep is None else optax.masked(outer, keep)
-
-  def init_fn(params):
-    masks = fragment_masks(params)
-    residual = ()
-    if compression is not None:
-      residual = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), params)
-    return SynchronizeState(
-      count=jnp.zeros([], jnp.int32),
-      inner_state=inner.init(params),
-      anchor=jax.tree.map(jnp.copy, params),  # Its own buffers, so a donated step can update it.
-      outer_state=tuple(outer_for(keep).init(params) for keep in masks),
-      ledger=collectives.init_ledger(),
-      faults=FaultCounts(
-        round_ok=jnp.ones([], jnp.bool_),
-        excluded=jnp.zeros([], jnp.int32),
-        empty_syncs=jnp.zeros([], jnp.int32),
-      ),
-      syncs=jnp.zeros([len(masks)], jnp.int32),
-      next_sync=schedules.round_length(sync_every, 0),
-      residual=residual,
-    )
-
-  def mean(tree, present, ledger, residual=None, codec=compression):
-    """(mean over the present workers, share present, ledger, residual)."""
-    if fault_tolerant:
-      tree, fraction, ledger = collectives.counted_mean_of_present(tree, present, ledger, axis_name)
-      return tree, fraction, ledger, residual
-    tree, ledger, residual = collectives.counted_mean(
-      tree,
-      ledger,
-      axis_name,
-      compression_codec=codec,
-      residual=residual,
-    )
-    return tree, jnp.ones([], jnp.float32), ledger, residual
-
-  def initial_projection(grads, state, present):
-    source = trees.low_rank_leaves(state.inner_state, grads)
-    ledger = state.ledger
-    if projection_source == "pseudo_gradient":
-      source, _, ledger, _ = mean(source, present, ledger)
-    inner_state = trees.refresh_projections(state.inner_state, low_rank, source, first=True)
-    return state._replace(inner_state=inner_state, ledger=ledger)
-
-  def moment_fields(sync_index):
-    """The moments to average at this sync, as (predicate, fields) pairs."""
-    periods = {"mu": first_moment_every, "nu": second_moment_every}
-    groups: dict[int, list[str]] = {}
-    for field, period in periods.items():
-      if period is not None:
-        groups.setdefault(period, []).append(field)
-    return [(sync_index % period == 0, tuple(fields)) for period, fields in groups.items()]
-
-  def average(inner_state, ledger, fields, present, keep):
-    """The ``fields`` moments of the parameters in ``keep``, averaged."""
-    moments = {f: trees.moment_tree(inner_state, f, keep) for f in fields}
-    codec = None if compression is None else compression_lib.MOMENT_CODECS[compression]
-    averaged, fraction, ledger, _ = mean(moments, present, ledger, codec=codec)
-    for f in fields:
-      kept = jax.tree.map(lambda a, own: jnp.where(fraction > 0, a, own), averaged[f], moments[f])
-      inner_state = trees.with_moments(inner_state, f, kept)
-    return inner_state, ledger
-
-  def fragment_sync(f, keep, carry, grads, params, local_updates, present):
-    """The round's end for the parameters in ``keep`` (fragment ``f``): the new carry,
-    whose anchor holds the synchronised parameters of the leaves in ``keep``."""
-    inner_state, anchor, outer_states, ledger, faults, syncs, residual = carry
-    local_params = optax.apply_updates(params, local_updates)
-    delta = trees.select(jax.tree.map(lambda a, x: a - x, anchor, local_params), keep)
-    if fault_tolerant:
-      finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(delta)]))
-      present = present & finite
-    own_residual = None if compression is None else trees.select(residual, keep)
-    delta, fraction, ledger, own_residual = mean(delta, present, ledger, own_residual)
-    if compression is not None:
-      residual = trees.merge(residual, own_residual)
-    anyone = fraction > 0
-    full_delta = trees.merge(jax.tree.map(jnp.zeros_like, anchor), delta)
-    outer_updates, outer_state = outer_for(keep).update(full_delta, outer_states[f], anchor)
-    synced = trees.merge(anchor, trees.select(optax.apply_updates(anchor, outer_updates), keep))
-
-    sync_index = syncs[f] + 1
-    for predicate, fields in moment_fields(sync_index):
-      inner_state, ledger = jax.lax.cond(
-        predicate,
-        lambda s, led, fs=fields: average(s, led, fs, present, keep),
-        lambda s, led: (s, led),
-        inner_state,
-        ledger,
-      )
-    if low_rank is not None:
-      source = delta if projection_source == "pseudo_gradient" else trees.select(grads, keep)
-      source = trees.low_rank_leaves(inner_state, source)
-      refreshed = trees.refresh_projections(inner_state, low_rank, source, keep=keep)
-      inner_state = _where(anyone, refreshed, inner_state)
-    synced = _where(anyone, synced, anchor)
-    outer_state = _where(anyone, outer_state, outer_states[f])
-    outer_states = (*outer_states[:f], outer_state, *outer_states[f + 1 :])
-    workers = 1 if axis_name is None else jax.lax.axis_size(axis_name)
-    absent = jnp.round((1 - fraction) * workers).astype(jnp.int32)
-    faults = FaultCounts(
-      round_ok=faults.round_ok | True,  # a new round; stays per-worker (varying)
-      excluded=faults.excluded + absent,
-      empty_syncs=faults.empty_syncs + (~anyone).astype(jnp.int32),
-    )
-    syncs = syncs.at[f].add(1)
-    return inner_state, synced, outer_states, ledger, faults, syncs, residual
+  checks.one_of(name, "projection_source", projection_source, PROJECTION_SOURCES)
+  averaging = averaging_lib.choose(
+    axis_name, fault_tolerant=fault_tolerant, compression=compression
+  )
+  parts = _Round(
+    inner=optax.with_extra_args_support(inner),
+    outer=outer_lib.outer_transform(outer_optimizer),
+    sync_every=sync_every,
+    fragments=fragments,
+    averaging=averaging,
+    moment_groups=moment_averaging.moment_groups(first_moment_every, second_moment_every),
+    refresh=basis_refresh.choose(low_rank, init_projection, projection_source, averaging.mean),
+    axis_name=axis_name,
+  )
 
   def update_fn(grads, state, params=None, *, worker_present=True, **extra_args):
-    if params is None:
-      raise ValueError(
-        f"{name}: update() needs the current params, to form the pseudo-gradient "
-        f"and the synchronised parameters: call tx.update(grads, state, params)."
-      )
-    collectives.check_axis_bound(axis_name, name)
-    if not fault_tolerant and worker_present is not True:
-      raise ValueError(
-        f"{name}: worker_present was given, but this optimizer was built with "
-        "fault_tolerant=False; build it with fault_tolerant=True to leave absent "
-        "workers out of the averages."
-      )
+    _check_update(name, params, axis_name, fault_tolerant, worker_present)
     count = optax.safe_int32_increment(state.count)
     present = jnp.asarray(worker_present, jnp.bool_)
-    finite_grads = jnp.ones([], jnp.bool_)
-    if fault_tolerant:
-      leaves = jax.tree.leaves(grads)
-      finite_grads = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
-    if low_rank is not None and init_projection == "gradient":
-      state = jax.lax.cond(
-        count == 1,
-        lambda s: initial_projection(grads, s, present & finite_grads),
-        lambda s: s,
-        state,
-      )
+    inner_state, ledger = parts.refresh.before_first_step(
+      count, grads, state.inner_state, state.ledger, averaging.admit(present, grads)
+    )
+    state = state._replace(inner_state=inner_state, ledger=ledger)
 
     def local_step():
       """(local updates, inner state, faults) of this step's local optimizer step."""
-      local_updates, inner_state = inner.update(grads, state.inner_state, params, **extra_args)
-      if not fault_tolerant:
-        return local_updates, inner_state, state.faults
-      local_updates = _where(finite_grads, local_updates, jax.tree.map(jnp.zeros_like, grads))
-      inner_state = _keep_values_on_skip(finite_grads, inner_state, state.inner_state)
-      return (
-        local_updates,
-        inner_state,
-        state.faults._replace(round_ok=state.faults.round_ok & finite_grads),
-      )
+      updates, inner_state = parts.inner.update(grads, state.inner_state, params, **extra_args)
+      return averaging.guard_step(grads, updates, inner_state, state.inner_state, state.faults)
 
     local_updates, inner_state, faults = local_step()
-    if fault_tolerant:
-      present = present & faults.round_ok
-
-    masks = fragment_masks(params)
-    if callable(sync_every):
-      predicates = [count == state.next_sync]
-    else:
-      offsets = schedules.fragment_offsets(sync_every, len(masks))
-      predicates = [count % sync_every == offset for offset in offsets]
-    carry = (
-      inner_state,
-      state.anchor,
-      state.outer_state,
-      state.ledger,
-      faults,
-      state.syncs,
-      state.residual,
-    )
+    present = present & faults.round_ok  # A worker that failed a step this round is absent.
+    masks = round_schedule.fragment_masks(params, fragments)
+    predicates = round_schedule.sync_predicates(sync_every, len(masks), count, state.next_sync)
+    new_state = state._replace(count=count, inner_state=inner_state, faults=faults)
     for f, (keep, predicate) in enumerate(zip(masks, predicates, strict=True)):
-      carry = jax.lax.cond(
+      new_state = jax.lax.cond(
         predicate,
         # The branch recomputes the local updates: see "Cost of a local step" above.
-        lambda c, f=f, keep=keep: fragment_sync(
-          f, keep, c, grads, params, local_step()[0], present
+        lambda s, f=f, keep=keep: _sync_fragment(
+          parts, f, keep, s, grads, params, local_step()[0], present
         ),
-        lambda c: c,
-        carry,
+        lambda s: s,
+        new_state,
       )
-    inner_state, anchor, outer_state, ledger, faults, syncs, residual = carry
-    if masks[0] is None:
-      leaf_syncs = jax.tree.map(lambda _: predicates[0], params)
-    else:
-      leaf_syncs = jax.tree.map(lambda *keeps: predicates[keeps.index(True)], *masks)
+    # 6. Synchronised leaves land on the anchor, the others take their local step.
     updates = jax.tree.map(
       lambda synced_now, a, p, u: jnp.where(synced_now, (a - p).astype(u.dtype), u),
-      leaf_syncs,
-      anchor,
+      round_schedule.synced_now(params, masks, predicates),
+      new_state.anchor,
       params,
       local_updates,
     )
-    ends_round = predicates[-1]
-    next_sync = jnp.where(
-      ends_round, count + schedules.round_length(sync_every, count), state.next_sync
-    )
-    new_state = SynchronizeState(
-      count, inner_state, anchor, outer_state, ledger, faults, syncs, next_sync, residual
-    )
-    return updates, new_state
+    next_sync = round_schedule.next_sync(sync_every, count, state.next_sync, predicates[-1])
+    return updates, new_state._replace(next_sync=next_sync)
 
-  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+  return optax.GradientTransformationExtraArgs(functools.partial(_init, parts), update_fn)
 
 
-def _where(condition, on_true, on_false):
-  """Leafwise ``jnp.where`` of two trees of the same structure."""
-  return jax.tree.map(lambda a, b: jnp.where(condition, a, b), on_true, on_false)
+def _init(parts: _Round, params) -> SynchronizeState:
+  """The state before step 1: the anchor is ``params``, nothing synced or sent."""
+  masks = round_schedule.fragment_masks(params, parts.fragments)
+  return SynchronizeState(
+    count=jnp.zeros([], jnp.int32),
+    inner_state=parts.inner.init(params),
+    anchor=jax.tree.map(jnp.copy, params),  # Its own buffers, so a donated step can update it.
+    outer_state=outer_lib.init_outer_states(parts.outer, params, masks),
+    ledger=collectives.init_ledger(),
+    faults=faults_lib.init_fault_counts(),
+    syncs=jnp.zeros([len(masks)], jnp.int32),
+    next_sync=schedules.round_length(parts.sync_every, 0),
+    residual=parts.averaging.init_residual(params),
+  )
 
 
-def _keep_values_on_skip(step_ok, stepped, before):
-  """After a skipped step: the old floating-point state, but the new step counters.
+def _sync_fragment(parts: _Round, f, keep, state, grads, params, local_updates, present):
+  """Steps 1-5 of the round for the leaves in ``keep`` (fragment ``f``): the new
+  state, whose anchor holds the synchronised parameters of those leaves.
 
-  Counters (integer leaves) advance either way, so that bias corrections and
-  schedules stay in lockstep with the other workers.
+  Args:
+    parts: the round's parts.
+    f: the fragment's index.
+    keep: the fragment's leaves (``None``: all).
+    state: the state after this step's local step (its count advanced).
+    grads: this step's gradient.
+    params: the parameters before this step.
+    local_updates: the updates of this step's local step.
+    present: whether this worker counts in the averages (fault tolerance).
   """
+  averaging = parts.averaging
+  local_params = optax.apply_updates(params, local_updates)
+  delta = outer_lib.pseudo_gradient(state.anchor, local_params, keep)  # 1.
+  present = averaging.admit(present, delta)
+  delta, fraction, ledger, residual = averaging.pseudo_gradient_mean(  # 2.
+    delta, present, state.ledger, state.residual, keep
+  )
+  anchor, outer_state = outer_lib.outer_step(  # 3.
+    parts.outer, keep, state.anchor, delta, state.outer_state[f], fraction
+  )
+  inner_state, ledger = moment_averaging.average_due_moments(  # 4.
+    state.inner_state,
+    ledger,
+    state.syncs[f] + 1,
+    parts.moment_groups,
+    present,
+    keep,
+    averaging.moment_mean,
+  )
+  inner_state = parts.refresh.at_sync(inner_state, delta, grads, keep, fraction)  # 5.
+  outer_states = state.outer_state
+  return state._replace(
+    inner_state=inner_state,
+    anchor=anchor,
+    outer_state=(*outer_states[:f], outer_state, *outer_states[f + 1 :]),
+    ledger=ledger,
+    faults=faults_lib.count_sync(state.faults, fraction, parts.axis_name),
+    syncs=state.syncs.at[f].add(1),
+    residual=residual,
+  )
 
-  def pick(new, old):
-    if jnp.issubdtype(new.dtype, jnp.floating):
-      return jnp.where(step_ok, new, old)
-    return new
 
-  return jax.tree.map(pick, stepped, before)
+def _check_update(name, params, axis_name, fault_tolerant, worker_present):
+  """Errors for an ``update`` call that cannot be served, raised at trace time."""
+  if params is None:
+    raise ValueError(
+      f"{name}: update() needs the current params, to form the pseudo-gradient "
+      f"and the synchronised parameters: call tx.update(grads, state, params)."
+    )
+  collectives.check_axis_bound(axis_name, name)
+  if not fault_tolerant and worker_present is not True:
+    raise ValueError(
+      f"{name}: worker_present was given, but this optimizer was built with "
+      "fault_tolerant=False; build it with fault_tolerant=True to leave absent "
+      "workers out of the averages."
+    )

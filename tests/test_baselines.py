@@ -1,4 +1,4 @@
-"""The baselines of SPEC section 6, built from the library's pieces (lordo_jax/baselines.py).
+"""The baselines of SPEC section 6, built from the library's pieces (lordo_jax/methods/).
 
 Every method runs on M = 4 simulated workers (one ``jax.shard_map`` program over a
 mesh axis ``workers``) on a two-part least-squares problem whose gradient is also

@@ -8,7 +8,7 @@ import pytest
 
 import lordo_jax
 
-MODULES = sorted(m.name for m in pkgutil.iter_modules(lordo_jax.__path__, "lordo_jax."))
+MODULES = sorted(m.name for m in pkgutil.walk_packages(lordo_jax.__path__, "lordo_jax."))
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -1,0 +1,110 @@
+r"""The local step every method takes: AdamW, or low-rank Adam on the matrices.
+
+AdamW from its pieces (``optax.adamw``'s chain), its moments in float32 whatever the
+parameter dtype (:func:`lordo_jax.in_float32`):
+
+.. math::
+  \text{update} = -\eta\, (\text{direction} + \lambda W)
+
+with the direction Adam's :math:`\hat u / (\sqrt{\hat v} + \epsilon)`, or, on a
+low-rank matrix, the quasi-hyperbolic mix of :func:`lordo_jax.scale_by_low_rank_adam`
+(SPEC section 3). :func:`lordo_jax.lordo`, its ablations and
+:func:`lordo_jax.low_rank_ddp` take :func:`low_rank_adamw`; the other methods take
+:func:`adamw`.
+"""
+
+from typing import Any
+
+import optax
+
+from lordo_jax import low_rank as low_rank_lib
+from lordo_jax import precision
+from lordo_jax import routing
+from lordo_jax.methods import options
+
+
+def _decoupled(direction, learning_rate, weight_decay) -> optax.GradientTransformation:
+  r"""``direction``, then AdamW's tail: :math:`-\eta (\text{direction} + \lambda W)`."""
+  return optax.chain(
+    direction,
+    optax.add_decayed_weights(weight_decay),
+    optax.scale_by_learning_rate(learning_rate),
+  )
+
+
+def adamw(learning_rate, b1, b2, eps, weight_decay) -> optax.GradientTransformation:
+  """``optax.adamw`` from its pieces, moments in float32 as on LoRDO's full-rank path.
+
+  For float32 params this is exactly ``optax.adamw``; for bfloat16 params the
+  moments stay float32 (:func:`lordo_jax.in_float32`), so every method keeps its
+  moments at the same precision.
+  """
+  adam = precision.in_float32(optax.scale_by_adam(b1=b1, b2=b2, eps=eps))
+  return _decoupled(adam, learning_rate, weight_decay)
+
+
+def local_adamw_path(
+  low_rank: Any,
+  *,
+  learning_rate: optax.ScalarOrSchedule,
+  b1: float,
+  b2: float,
+  eps: float,
+  weight_decay: float,
+  rank: int,
+  low_rank_labels: Any,
+) -> optax.GradientTransformation:
+  """The local step: low-rank Adam on matrices, Adam elsewhere, then AdamW's tail.
+
+  Every moment is float32, whatever the parameter dtype.
+
+  ``update = -lr * (direction + weight_decay * W)``, decoupled as in ``optax.adamw``.
+  """
+  direction = optax.partition(
+    {
+      routing.LOW_RANK: low_rank,
+      routing.FULL_RANK: precision.in_float32(optax.scale_by_adam(b1=b1, b2=b2, eps=eps)),
+    },
+    routing.partition_labels(low_rank_labels, rank),
+  )
+  return _decoupled(direction, learning_rate, weight_decay)
+
+
+def low_rank_adamw(
+  step: options.LowRankStep,
+  learning_rate: optax.ScalarOrSchedule,
+  *,
+  weight_decay: float,
+  low_rank_labels: Any,
+  init_projection: str,
+  seed: int = 0,
+  refresh_every: int | None = None,
+  average_coordinates_over: str | None = None,
+) -> tuple[low_rank_lib.LowRankAdam, optax.GradientTransformation]:
+  """``(low_rank, local)``: the low-rank local step of :func:`lordo_jax.lordo`.
+
+  ``low_rank`` is the :class:`~lordo_jax.LowRankAdam` on the matrices,
+  :func:`lordo_jax.scale_by_low_rank_adam` with the options of ``step`` (checked by
+  :func:`options.low_rank_step`), ``low_rank_labels`` as its ``matrix_axes`` and the
+  keyword arguments here; ``local`` is :func:`local_adamw_path` around it (Adam on
+  the other leaves, decoupled weight decay, learning rate).
+  """
+  low_rank = low_rank_lib.scale_by_low_rank_adam(
+    **step._asdict(),
+    refresh_every=refresh_every,
+    init_projection=init_projection,
+    seed=seed,
+    matrix_axes=low_rank_labels,
+    average_coordinates_over=average_coordinates_over,
+  )
+  local = local_adamw_path(
+    low_rank,
+    learning_rate=learning_rate,
+    b1=step.b1,
+    b2=step.b2,
+    eps=step.eps,
+    weight_decay=weight_decay,
+    rank=step.rank,
+    low_rank_labels=low_rank_labels,
+  )
+  return low_rank, local

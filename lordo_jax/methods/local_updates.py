@@ -1,0 +1,269 @@
+r"""Local updates: local AdamW steps, synchronised every K steps.
+
+Each method is :func:`lordo_jax.synchronize` of AdamW
+(:func:`lordo_jax.methods.local_step.adamw`), SPEC section 6:
+
+* :func:`local_adam`: params and both moments every K.
+* :func:`desloc`: params every K_x, moments every K_u and K_v.
+* :func:`diloco`: an outer Nesterov SGD on the averaged pseudo-gradient; moments
+  stay local.
+
+Communication per step and per ``p x q`` matrix (payload elements per worker, before
+the ring all-reduce's ``2 (M - 1) / M``), SPEC section 7: Local Adam ``3pq / K``;
+DES-LOC ``pq (1/K_x + 1/K_u + 1/K_v)``; DiLoCo ``pq / K``.
+"""
+
+from typing import Any
+
+import optax
+
+from lordo_jax import checks
+from lordo_jax import sync
+from lordo_jax.methods import local_step
+from lordo_jax.methods import options
+
+
+def local_adam(
+  learning_rate: optax.ScalarOrSchedule,
+  *,
+  sync_every: Any,
+  axis_name: str | None = None,
+  b1: float = 0.9,
+  b2: float = 0.999,
+  eps: float = 1e-8,
+  weight_decay: float = 0.0,
+  compression: str | None = None,
+  fragments: Any = None,
+  fault_tolerant: bool = False,
+) -> optax.GradientTransformationExtraArgs:
+  r"""Local Adam: local AdamW steps; params and both moments averaged every K steps.
+
+  Each worker m takes AdamW steps on its own gradients; at every step with
+  :math:`t \bmod K = 0`:
+
+  .. math::
+    \theta = \mathrm{pmean}_m(\theta_m), \qquad
+    u = \mathrm{pmean}_m(u_m), \qquad v = \mathrm{pmean}_m(v_m)
+
+  (the parameters through the pseudo-gradient :math:`\text{anchor} - \theta_m` and
+  plain averaging, :func:`synchronize` with the identity outer step).
+  Communication: ``3pq`` elements per ``p x q`` leaf per K steps (SPEC section 7).
+
+  Args:
+    learning_rate: a float or an optax schedule.
+    sync_every: K, local steps per round, or a function of the step
+      (:mod:`lordo_jax.schedules`).
+    axis_name: the worker axis; ``None`` for one worker.
+    b1, b2, eps: Adam's parameters.
+    weight_decay: decoupled weight decay, as in ``optax.adamw``.
+    compression: ``None``, ``"bfloat16"`` or ``"int8"``: the round's messages sent
+      compressed, the pseudo-gradient with error feedback (with ``"int8"`` the
+      moments go in bfloat16; :func:`lordo_jax.synchronize`).
+    fragments: ``None`` (default): no streaming; F > 1 streams the round (F
+      fragments synced at staggered steps; :func:`lordo_jax.synchronize`).
+    fault_tolerant: leave failed or absent workers out of the averages
+      (``update(..., worker_present=False)``; :func:`lordo_jax.synchronize`).
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs``; its ``update`` needs params.
+
+  Examples:
+    >>> import jax.numpy as jnp, optax, lordo_jax
+    >>> params = {"w": jnp.ones((4, 3))}
+    >>> tx = lordo_jax.local_adam(1e-2, sync_every=8)
+    >>> state = tx.init(params)
+    >>> updates, state = tx.update({"w": jnp.ones((4, 3))}, state, params)
+
+  References:
+    Douillard et al., `DiLoCo <https://arxiv.org/abs/2311.08105>`_, 2023 (local
+    updates with an outer step); Iacob et al., `DES-LOC
+    <https://arxiv.org/abs/2505.22549>`_, 2025 (Local Adam averages both moments).
+  """
+  who = "local_adam"
+  options.check_adam(who, b1, b2, eps, weight_decay)
+  return sync.synchronize(
+    local_step.adamw(learning_rate, b1, b2, eps, weight_decay),
+    sync_every=sync_every,
+    axis_name=axis_name,
+    first_moment_every=1,
+    second_moment_every=1,
+    compression=compression,
+    fragments=fragments,
+    fault_tolerant=fault_tolerant,
+    name=who,
+  )
+
+
+def _period_in_syncs(who: str, name: str, steps, sync_every: int) -> int:
+  """A period in steps (a multiple of ``sync_every``) as a number of syncs."""
+  checks.positive_int(who, name, steps)
+  if steps % sync_every:
+    raise ValueError(
+      f"{who}: {name}={steps!r} is not accepted; expected a multiple of "
+      f"sync_every={sync_every} (moments are averaged only at a sync)."
+    )
+  return steps // sync_every
+
+
+def desloc(
+  learning_rate: optax.ScalarOrSchedule,
+  *,
+  sync_every: int,
+  first_moment_every: int | None = None,
+  second_moment_every: int | None = None,
+  axis_name: str | None = None,
+  b1: float = 0.9,
+  b2: float = 0.999,
+  eps: float = 1e-8,
+  weight_decay: float = 0.0,
+  compression: str | None = None,
+  fragments: Any = None,
+  fault_tolerant: bool = False,
+) -> optax.GradientTransformationExtraArgs:
+  r"""DES-LOC: local AdamW with independent periods for params and each moment.
+
+  Each worker takes AdamW steps on its own gradients; at the end of step t
+
+  .. math::
+    \theta &= \mathrm{pmean}_m(\theta_m) \quad \text{if } t \bmod K_x = 0, \\
+    u &= \mathrm{pmean}_m(u_m) \quad \text{if } t \bmod K_u = 0, \qquad
+    v = \mathrm{pmean}_m(v_m) \quad \text{if } t \bmod K_v = 0.
+
+  :func:`synchronize` with ``first_moment_every = K_u / K_x`` and
+  ``second_moment_every = K_v / K_x`` syncs. Communication per ``p x q`` leaf:
+  ``pq (1 + K_x/K_u + K_x/K_v)`` elements per K_x steps (SPEC section 7).
+
+  Args:
+    learning_rate: a float or an optax schedule.
+    sync_every: K_x, steps between parameter averages.
+    first_moment_every: K_u, steps between first-moment averages; a multiple of
+      K_x; ``None``: 3 K_x (the paper's setting).
+    second_moment_every: K_v, the same for the second moment; ``None``: 6 K_x.
+    axis_name: the worker axis; ``None`` for one worker.
+    b1, b2, eps: Adam's parameters.
+    weight_decay: decoupled weight decay, as in ``optax.adamw``.
+    compression: ``None``, ``"bfloat16"`` or ``"int8"``: the round's messages sent
+      compressed, the pseudo-gradient with error feedback (with ``"int8"`` the
+      moments go in bfloat16; :func:`lordo_jax.synchronize`).
+    fragments: ``None`` (default): no streaming; F > 1 streams the round (F
+      fragments synced at staggered steps; :func:`lordo_jax.synchronize`).
+    fault_tolerant: leave failed or absent workers out of the averages
+      (``update(..., worker_present=False)``; :func:`lordo_jax.synchronize`).
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs``; its ``update`` needs params.
+
+  Examples:
+    >>> import jax.numpy as jnp, optax, lordo_jax
+    >>> params = {"w": jnp.ones((4, 3))}
+    >>> tx = lordo_jax.desloc(1e-2, sync_every=4)  # K_u = 12, K_v = 24
+    >>> state = tx.init(params)
+    >>> updates, state = tx.update({"w": jnp.ones((4, 3))}, state, params)
+
+  References:
+    Iacob et al., `DES-LOC: Desynced Low Communication Adaptive Optimizers for
+    Training Foundation Models <https://arxiv.org/abs/2505.22549>`_, 2025.
+  """
+  who = "desloc"
+  checks.positive_int(who, "sync_every", sync_every)
+  options.check_adam(who, b1, b2, eps, weight_decay)
+  if first_moment_every is None:
+    first_moment_every = 3 * sync_every
+  if second_moment_every is None:
+    second_moment_every = 6 * sync_every
+  return sync.synchronize(
+    local_step.adamw(learning_rate, b1, b2, eps, weight_decay),
+    sync_every=sync_every,
+    axis_name=axis_name,
+    first_moment_every=_period_in_syncs(who, "first_moment_every", first_moment_every, sync_every),
+    second_moment_every=_period_in_syncs(
+      who, "second_moment_every", second_moment_every, sync_every
+    ),
+    compression=compression,
+    fragments=fragments,
+    fault_tolerant=fault_tolerant,
+    name=who,
+  )
+
+
+def diloco(
+  learning_rate: optax.ScalarOrSchedule,
+  *,
+  sync_every: Any,
+  axis_name: str | None = None,
+  outer_learning_rate: float = 0.7,
+  outer_momentum: float = 0.9,
+  nesterov: bool = True,
+  b1: float = 0.9,
+  b2: float = 0.999,
+  eps: float = 1e-8,
+  weight_decay: float = 0.0,
+  compression: str | None = None,
+  fragments: Any = None,
+  fault_tolerant: bool = False,
+) -> optax.GradientTransformationExtraArgs:
+  r"""DiLoCo: local AdamW, an outer Nesterov SGD on the averaged pseudo-gradient.
+
+  Each worker takes AdamW steps on its own gradients and keeps its moments to itself;
+  at every step with :math:`t \bmod K = 0`:
+
+  .. math::
+    \Delta &= \mathrm{pmean}_m(\text{anchor} - \theta_m), \qquad
+    b \leftarrow \mu_o b + \Delta, \\
+    \theta &= \text{anchor} - \eta_o (\Delta + \mu_o b) \ \text{(Nesterov; without
+      it } \eta_o b\text{)}, \qquad \text{anchor} = \theta.
+
+  :func:`synchronize` with ``optax.sgd(outer_learning_rate, outer_momentum,
+  nesterov)`` as the outer optimizer and no moment averaging. Communication: ``pq``
+  elements per ``p x q`` leaf per K steps (SPEC section 7).
+
+  Args:
+    learning_rate: the inner AdamW's learning rate (float or schedule).
+    sync_every: K (the paper's H), local steps per round, or a function of the
+      step (:mod:`lordo_jax.schedules`).
+    axis_name: the worker axis; ``None`` for one worker.
+    outer_learning_rate: :math:`\eta_o`.
+    outer_momentum: :math:`\mu_o`.
+    nesterov: Nesterov momentum in the outer step.
+    b1, b2, eps: the inner Adam's parameters.
+    weight_decay: the inner AdamW's decoupled weight decay.
+    compression: ``None``, ``"bfloat16"`` or ``"int8"``: the round's messages sent
+      compressed, the pseudo-gradient with error feedback (with ``"int8"`` the
+      moments go in bfloat16; :func:`lordo_jax.synchronize`).
+    fragments: ``None`` (default): no streaming; F > 1 streams the round (F
+      fragments synced at staggered steps; :func:`lordo_jax.synchronize`).
+    fault_tolerant: leave failed or absent workers out of the averages
+      (``update(..., worker_present=False)``; :func:`lordo_jax.synchronize`).
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs``; its ``update`` needs params.
+
+  Examples:
+    >>> import jax.numpy as jnp, optax, lordo_jax
+    >>> params = {"w": jnp.ones((4, 3))}
+    >>> tx = lordo_jax.diloco(1e-2, sync_every=8)
+    >>> state = tx.init(params)
+    >>> updates, state = tx.update({"w": jnp.ones((4, 3))}, state, params)
+
+  References:
+    Douillard et al., `DiLoCo: Distributed Low-Communication Training of Language
+    Models <https://arxiv.org/abs/2311.08105>`_, 2023.
+  """
+  who = "diloco"
+  checks.positive(who, "outer_learning_rate", outer_learning_rate)
+  checks.in_interval(who, "outer_momentum", outer_momentum, 0.0, 1.0, closed_high=False)
+  checks.one_of(who, "nesterov", nesterov, (True, False))
+  options.check_adam(who, b1, b2, eps, weight_decay)
+  outer = optax.sgd(outer_learning_rate, momentum=outer_momentum, nesterov=nesterov)
+  return sync.synchronize(
+    local_step.adamw(learning_rate, b1, b2, eps, weight_decay),
+    sync_every=sync_every,
+    axis_name=axis_name,
+    outer_optimizer=outer,
+    first_moment_every=None,
+    second_moment_every=None,
+    compression=compression,
+    fragments=fragments,
+    fault_tolerant=fault_tolerant,
+    name=who,
+  )
