@@ -156,12 +156,12 @@ def rotate_moments(strategy: bases_lib.BasisStrategy, mu, nu, new_basis, old_bas
   """
   rotation = strategy.overlap(new_basis, old_basis)
   if strategy.side == "right":  # The left case of the transposes (the same products).
-    mu, nu = _transported(lambda r, x: r @ x, rotation, mu.T, nu.T, count, b1, b2)
+    mu, nu = _rotated(lambda r, x: r @ x, rotation, mu.T, nu.T, count, b1, b2)
     return mu.T, nu.T
-  return _transported(strategy.carry, rotation, mu, nu, count, b1, b2)
+  return _rotated(strategy.carry, rotation, mu, nu, count, b1, b2)
 
 
-def _transported(carry, rotation, mu, nu, count, b1, b2):
+def _rotated(carry, rotation, mu, nu, count, b1, b2):
   """:func:`rotate_moments` with R applied by ``carry``."""
   squared = jax.tree.map(lambda r: r * r, rotation)
   first_correction = 1 - b1**count
@@ -458,9 +458,9 @@ def scale_by_low_rank_adam(
       distributed).
 
   Returns:
-    A :class:`LowRankAdam`. :func:`lordo_jax.scale_by_low_rank_adam` is this
-    transformation, made data-parallel by :mod:`lordo_jax.projected_mean` when given
-    ``average_coordinates_over``.
+    A :class:`LowRankAdam`; it never communicates (low-rank DDP's
+    ``communicate="projected"`` averages between its pieces,
+    :mod:`lordo_jax.projected_mean`).
 
   Examples:
     >>> import jax.numpy as jnp, optax, lordo_jax

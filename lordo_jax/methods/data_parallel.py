@@ -23,6 +23,7 @@ import optax
 from lordo_jax import checks
 from lordo_jax import collectives
 from lordo_jax import compression as compression_lib
+from lordo_jax import projected_mean
 from lordo_jax import routing
 from lordo_jax.methods import local_step
 from lordo_jax.methods import options
@@ -292,6 +293,11 @@ def low_rank_ddp(
   if projected:
     _check_projected(who, omega=omega, compression=compression, error_feedback=error_feedback)
   step = options.low_rank_step(who, locals())
+
+  def matrices_path(low_rank):
+    """Projected: the coordinates averaged (:mod:`lordo_jax.projected_mean`)."""
+    return projected_mean.projected_mean(low_rank, axis_name) if projected else low_rank
+
   _, local = local_step.low_rank_adamw(
     step,
     learning_rate,
@@ -299,13 +305,13 @@ def low_rank_ddp(
     low_rank_labels=low_rank_labels,
     init_projection="gradient",
     refresh_every=refresh_every,
-    average_coordinates_over=axis_name if projected else None,
+    matrices_path=matrices_path,
   )
   if not projected:
     return optax.chain(average_gradients(axis_name, compression=compression), local)
 
-  # Only the leaves off the low-rank path are averaged in full here; the low-rank
-  # transformation averages its coordinates (and, on refresh steps, the gradient).
+  # Only the leaves off the low-rank path are averaged in full here; projected_mean
+  # averages the coordinates (and, on refresh steps, the gradient or its sketches).
   labels = routing.partition_labels(low_rank_labels, rank)
 
   def full_rank_mask(tree):

@@ -13,6 +13,7 @@ low-rank matrix, the quasi-hyperbolic mix of :func:`lordo_jax.scale_by_low_rank_
 :func:`adamw`.
 """
 
+from collections.abc import Callable
 from typing import Any
 
 import optax
@@ -79,15 +80,17 @@ def low_rank_adamw(
   init_projection: str,
   seed: int = 0,
   refresh_every: int | None = None,
-  average_coordinates_over: str | None = None,
+  matrices_path: Callable = lambda low_rank: low_rank,
 ) -> tuple[low_rank_lib.LowRankAdam, optax.GradientTransformation]:
   """``(low_rank, local)``: the low-rank local step of :func:`lordo_jax.lordo`.
 
   ``low_rank`` is the :class:`~lordo_jax.LowRankAdam` on the matrices,
   :func:`lordo_jax.scale_by_low_rank_adam` with the options of ``step`` (checked by
   :func:`options.low_rank_step`), ``low_rank_labels`` as its ``matrix_axes`` and the
-  keyword arguments here; ``local`` is :func:`local_adamw_path` around it (Adam on
-  the other leaves, decoupled weight decay, learning rate).
+  keyword arguments here; ``local`` is :func:`local_adamw_path` around
+  ``matrices_path(low_rank)`` (Adam on the other leaves, decoupled weight decay,
+  learning rate). ``matrices_path`` may make the low-rank step data-parallel, as
+  :func:`lordo_jax.projected_mean.projected_mean` does for low-rank DDP.
   """
   low_rank = low_rank_lib.scale_by_low_rank_adam(
     **step._asdict(),
@@ -95,10 +98,9 @@ def low_rank_adamw(
     init_projection=init_projection,
     seed=seed,
     matrix_axes=low_rank_labels,
-    average_coordinates_over=average_coordinates_over,
   )
   local = local_adamw_path(
-    low_rank,
+    matrices_path(low_rank),
     learning_rate=learning_rate,
     b1=step.b1,
     b2=step.b2,
