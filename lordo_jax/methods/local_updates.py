@@ -56,13 +56,8 @@ def local_adam(
     axis_name: the worker axis; ``None`` for one worker.
     b1, b2, eps: Adam's parameters.
     weight_decay: decoupled weight decay, as in ``optax.adamw``.
-    compression: ``None``, ``"bfloat16"`` or ``"int8"``: the round's messages sent
-      compressed, the pseudo-gradient with error feedback (with ``"int8"`` the
-      moments go in bfloat16; :func:`lordo_jax.synchronize`).
-    fragments: ``None`` (default): no streaming; F > 1 streams the round (F
-      fragments synced at staggered steps; :func:`lordo_jax.synchronize`).
-    fault_tolerant: leave failed or absent workers out of the averages
-      (``update(..., worker_present=False)``; :func:`lordo_jax.synchronize`).
+    compression, fragments, fault_tolerant: the round's compressed messages,
+      streaming and fault tolerance, as in :func:`lordo_jax.lordo`.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``; its ``update`` needs params.
@@ -142,13 +137,8 @@ def desloc(
     axis_name: the worker axis; ``None`` for one worker.
     b1, b2, eps: Adam's parameters.
     weight_decay: decoupled weight decay, as in ``optax.adamw``.
-    compression: ``None``, ``"bfloat16"`` or ``"int8"``: the round's messages sent
-      compressed, the pseudo-gradient with error feedback (with ``"int8"`` the
-      moments go in bfloat16; :func:`lordo_jax.synchronize`).
-    fragments: ``None`` (default): no streaming; F > 1 streams the round (F
-      fragments synced at staggered steps; :func:`lordo_jax.synchronize`).
-    fault_tolerant: leave failed or absent workers out of the averages
-      (``update(..., worker_present=False)``; :func:`lordo_jax.synchronize`).
+    compression, fragments, fault_tolerant: the round's compressed messages,
+      streaming and fault tolerance, as in :func:`lordo_jax.lordo`.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``; its ``update`` needs params.
@@ -227,13 +217,8 @@ def diloco(
     nesterov: Nesterov momentum in the outer step.
     b1, b2, eps: the inner Adam's parameters.
     weight_decay: the inner AdamW's decoupled weight decay.
-    compression: ``None``, ``"bfloat16"`` or ``"int8"``: the round's messages sent
-      compressed, the pseudo-gradient with error feedback (with ``"int8"`` the
-      moments go in bfloat16; :func:`lordo_jax.synchronize`).
-    fragments: ``None`` (default): no streaming; F > 1 streams the round (F
-      fragments synced at staggered steps; :func:`lordo_jax.synchronize`).
-    fault_tolerant: leave failed or absent workers out of the averages
-      (``update(..., worker_present=False)``; :func:`lordo_jax.synchronize`).
+    compression, fragments, fault_tolerant: the round's compressed messages,
+      streaming and fault tolerance, as in :func:`lordo_jax.lordo`.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``; its ``update`` needs params.

@@ -211,13 +211,8 @@ def lordo_local_projection(
     omega, mu, b1, b2, eps, weight_decay, projection, side, transport,
       error_feedback, error_feedback_dtype, outer_optimizer, full_rank_scale,
       low_rank_labels, subspace_iterations: as in :func:`lordo`.
-    compression: ``None``, ``"bfloat16"`` or ``"int8"``: the round's messages sent
-      compressed, the pseudo-gradient with error feedback (with ``"int8"`` the
-      moments go in bfloat16; :func:`lordo_jax.synchronize`).
-    fragments: ``None`` (default): no streaming; F > 1 streams the round (F
-      fragments synced at staggered steps; :func:`lordo_jax.synchronize`).
-    fault_tolerant: leave failed or absent workers out of the averages
-      (``update(..., worker_present=False)``; :func:`lordo_jax.synchronize`).
+    compression, fragments, fault_tolerant: the round's compressed messages,
+      streaming and fault tolerance, as in :func:`lordo_jax.lordo`.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``; its ``update`` needs params.
