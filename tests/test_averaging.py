@@ -33,12 +33,6 @@ def first_worker(tree: dict) -> dict:
   return {name: x[0] for name, x in tree.items()}
 
 
-def ledger_numbers(ledger) -> tuple[int, int, int]:
-  """(elements, bytes, all-reduces) of worker 0's ledger, from its int32 limbs."""
-  low_high = lambda limbs: int(limbs[0, 0]) + int(limbs[0, 1]) * 2**20  # noqa: E731
-  return low_high(ledger.elements), low_high(ledger.bytes), int(ledger.all_reduces[0])
-
-
 def run_mean(strategy_mean, tree, present):
   """``strategy_mean(tree, present, empty ledger)`` on every worker."""
 
@@ -59,13 +53,13 @@ def test_plain_mean_is_the_numpy_mean_and_counts_the_tree(field):
     for m in range(M):  # every worker holds the same mean
       np.testing.assert_allclose(mean[name][m], tree[name].mean(axis=0), rtol=1e-6, atol=1e-6)
   np.testing.assert_array_equal(fraction, [1.0] * M)
-  assert ledger_numbers(ledger) == (23, 23 * 4, 1)
+  assert workers.ledger_numbers(ledger) == (23, 23 * 4, 1)
 
 
 def test_plain_mean_counts_bytes_in_the_dtype_sent():
   tree = {"w": per_worker(1)["w"].astype(jnp.bfloat16), "b": per_worker(1)["b"]}
   _, _, ledger = run_mean(averaging.plain(AXIS).mean, tree, EVERYONE)
-  assert ledger_numbers(ledger) == (23, 18 * 2 + 5 * 4, 1)
+  assert workers.ledger_numbers(ledger) == (23, 18 * 2 + 5 * 4, 1)
 
 
 def test_plain_pseudo_gradient_mean_passes_the_residual_on():
@@ -98,7 +92,7 @@ def test_present_workers_mean_leaves_out_the_absent_even_when_not_finite():
     assert not np.allclose(mean[name][0], tree[name][present].sum(axis=0) / M, atol=1e-3)
   np.testing.assert_array_equal(fraction, [0.75] * M)
   # One message: the tree and the presence weight, a float32 scalar.
-  assert ledger_numbers(ledger) == (23 + 1, 23 * 4 + 4, 1)
+  assert workers.ledger_numbers(ledger) == (23 + 1, 23 * 4 + 4, 1)
 
 
 def test_present_workers_mean_with_nobody_present_is_zero_with_fraction_zero():
@@ -169,7 +163,7 @@ def test_compressed_error_feedback_loses_nothing_over_syncs(codec):
   for delta in deltas:
     mean, fraction, ledger, residual = step(delta, residual)
     np.testing.assert_array_equal(fraction, [1.0] * M)
-    assert ledger_numbers(ledger) == COMPRESSED_LEDGER[codec]
+    assert workers.ledger_numbers(ledger) == COMPRESSED_LEDGER[codec]
     for name in SHAPES:
       np.testing.assert_array_equal(mean[name], np.stack([mean[name][0]] * M))  # all agree
       sent[name] += mean[name][0].astype(np.float64)
@@ -204,7 +198,7 @@ def test_compressed_residual_of_leaves_outside_the_fragment_waits():
     rtol=0,
     atol=1e-5,
   )
-  assert ledger_numbers(ledger) == (24 + 8, 24 + 8 * 4, 1)  # only "w" is sent
+  assert workers.ledger_numbers(ledger) == (24 + 8, 24 + 8 * 4, 1)  # only "w" is sent
 
 
 @pytest.mark.parametrize("codec", ["bfloat16", "int8"])
@@ -212,13 +206,13 @@ def test_compressed_plain_and_moment_means_codecs_and_ledgers(codec):
   strategy = averaging.compressed(AXIS, codec)
   tree = per_worker(30)
   mean, fraction, ledger = run_mean(strategy.mean, tree, EVERYONE)
-  assert ledger_numbers(ledger) == COMPRESSED_LEDGER[codec]
+  assert workers.ledger_numbers(ledger) == COMPRESSED_LEDGER[codec]
   np.testing.assert_array_equal(fraction, [1.0] * M)
   for name in SHAPES:
     np.testing.assert_allclose(mean[name][0], tree[name].mean(axis=0), rtol=0, atol=0.05)
   # The moments go in bfloat16 whatever the pseudo-gradient's codec: 2 bytes a value.
   moments, _, ledger = run_mean(strategy.moment_mean, tree, EVERYONE)
-  assert ledger_numbers(ledger) == COMPRESSED_LEDGER["bfloat16"]
+  assert workers.ledger_numbers(ledger) == COMPRESSED_LEDGER["bfloat16"]
   for name in SHAPES:
     np.testing.assert_allclose(moments[name][0], tree[name].mean(axis=0), rtol=0.02, atol=0.02)
 
@@ -234,7 +228,7 @@ def test_choose_picks_the_strategy_of_the_options():
   for (tolerant, codec), numbers in expected.items():
     strategy = averaging.choose(AXIS, fault_tolerant=tolerant, compression=codec)
     _, _, ledger = run_mean(strategy.mean, tree, EVERYONE)
-    assert ledger_numbers(ledger) == numbers, (tolerant, codec)
+    assert workers.ledger_numbers(ledger) == numbers, (tolerant, codec)
     residual = strategy.init_residual(first_worker(tree))
     assert (residual == ()) == (codec is None)
 

@@ -49,12 +49,6 @@ def bases(state) -> dict:
   return {name: np.asarray(state.moments[name].basis) for name in PARAMS}
 
 
-def ledger_numbers(ledger) -> tuple[int, int, int]:
-  """(elements, bytes, all-reduces) of worker 0's ledger."""
-  value = lambda limbs: int(limbs[0, 0]) + int(limbs[0, 1]) * 2**20  # noqa: E731
-  return value(ledger.elements), value(ledger.bytes), int(ledger.all_reduces[0])
-
-
 @functools.cache
 def initial_runner(source: str):
   """``initial_projection`` from ``source`` on every worker, compiled once."""
@@ -84,7 +78,7 @@ def test_pseudo_gradient_source_bases_from_the_mean_first_gradient():
     expected = numpy_basis(grads[name].mean(axis=0))
     for m in range(M):  # the same basis on every worker
       np.testing.assert_allclose(basis[m], expected, atol=1e-5)
-  assert ledger_numbers(ledger) == (32 + 18, (32 + 18) * 4, 1)  # one full-size message
+  assert workers.ledger_numbers(ledger) == (32 + 18, (32 + 18) * 4, 1)  # one full-size message
 
 
 def test_local_gradient_source_bases_from_own_gradient_nothing_sent():
@@ -94,7 +88,7 @@ def test_local_gradient_source_bases_from_own_gradient_nothing_sent():
     for m in range(M):
       np.testing.assert_allclose(basis[m], numpy_basis(grads[name][m]), atol=1e-5)
     assert not np.allclose(basis[0], basis[1], atol=1e-2)  # the workers' bases differ
-  assert ledger_numbers(ledger) == (0, 0, 0)
+  assert workers.ledger_numbers(ledger) == (0, 0, 0)
 
 
 def synced_state(seed: int):
@@ -175,7 +169,7 @@ def test_choose_initial_projection_only_at_step_one_and_only_for_gradient():
   gradient = basis_refresh.choose(LOW_RANK, "gradient", "pseudo_gradient", PLAIN_MEAN)
   state, ledger = before_first_step(gradient, 1, grads)
   np.testing.assert_allclose(bases(state)["w"][0], numpy_basis(grads["w"].mean(axis=0)), atol=1e-5)
-  assert ledger_numbers(ledger) == (50, 200, 1)
+  assert workers.ledger_numbers(ledger) == (50, 200, 1)
   for refresh, count in (
     (gradient, 2),  # a later step sends nothing
     (basis_refresh.choose(LOW_RANK, None, "pseudo_gradient", PLAIN_MEAN), 1),
@@ -184,7 +178,7 @@ def test_choose_initial_projection_only_at_step_one_and_only_for_gradient():
     state, ledger = before_first_step(refresh, count, grads)
     for name in PARAMS:
       np.testing.assert_array_equal(bases(state)[name], empty[name])
-    assert ledger_numbers(ledger) == (0, 0, 0)
+    assert workers.ledger_numbers(ledger) == (0, 0, 0)
 
 
 def test_choose_without_low_rank_leaves_the_state_at_sync():

@@ -104,12 +104,6 @@ def assert_states_close(got, expected):
     np.testing.assert_allclose(g, e, rtol=1e-6, atol=1e-6, err_msg=jax.tree_util.keystr(path))
 
 
-def ledger_numbers(ledger) -> tuple[int, int, int]:
-  """(elements, bytes, all-reduces) of worker 0's ledger."""
-  value = lambda limbs: int(limbs[0, 0]) + int(limbs[0, 1]) * 2**20  # noqa: E731
-  return value(ledger.elements), value(ledger.bytes), int(ledger.all_reduces[0])
-
-
 def average(fields, keep, strategy, state, present):
   def one(state, present):
     return moment_averaging.average_moments(
@@ -128,7 +122,7 @@ def test_average_moments_replaces_the_fields_by_their_mean():
     got.inner_states["full"].inner_state.nu["b"][0],
     state.inner_states["full"].inner_state.nu["b"][1],
   )
-  assert ledger_numbers(ledger) == (12, 48, 1)  # mu of "w" (2 x 4) and of "b" (4)
+  assert workers.ledger_numbers(ledger) == (12, 48, 1)  # mu of "w" (2 x 4) and of "b" (4)
 
 
 def test_average_moments_of_one_fragment_both_fields_in_one_message():
@@ -136,7 +130,7 @@ def test_average_moments_of_one_fragment_both_fields_in_one_message():
   keep = {"w": True, "b": False}
   got, ledger = average(("mu", "nu"), keep, averaging.plain(AXIS), state, np.ones(M, bool))
   assert_states_close(got, expected_state(state, ("mu", "nu"), keep))
-  assert ledger_numbers(ledger) == (2 * SIZES["w"], 2 * SIZES["w"] * 4, 1)
+  assert workers.ledger_numbers(ledger) == (2 * SIZES["w"], 2 * SIZES["w"] * 4, 1)
 
 
 def test_average_moments_over_present_workers_and_nobody_present():
@@ -145,7 +139,7 @@ def test_average_moments_over_present_workers_and_nobody_present():
   present = np.array([True, True, False, True])
   got, ledger = average(("mu", "nu"), None, tolerant, state, present)
   assert_states_close(got, expected_state(state, ("mu", "nu"), None, present))
-  assert ledger_numbers(ledger) == (2 * 12 + 1, (2 * 12 + 1) * 4, 1)
+  assert workers.ledger_numbers(ledger) == (2 * 12 + 1, (2 * 12 + 1) * 4, 1)
   nobody = np.zeros(M, bool)
   got, _ = average(("mu", "nu"), None, tolerant, state, nobody)
   assert_states_close(got, state)  # kept, not replaced by the zero mean
@@ -167,4 +161,4 @@ def test_average_due_moments_at_syncs_one_to_six():
     got, ledger = run(state, np.full(M, s, np.int32))
     assert_states_close(got, expected_state(state, fields, None))
     # One message per due group, nothing sent at s = 1 and 5.
-    assert ledger_numbers(ledger) == (12 * len(fields), 48 * len(fields), len(fields)), s
+    assert workers.ledger_numbers(ledger) == (12 * len(fields), 48 * len(fields), len(fields)), s

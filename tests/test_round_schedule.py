@@ -52,8 +52,8 @@ def test_int_sync_every_fragments_sync_at_their_staggered_offsets(k):
 
 def test_staggered_steps_of_one_round_written_out():
   # K = 6, F = 4: offsets floor(6/4)=1, floor(12/4)=3, floor(18/4)=4, 24/4 mod 6 = 0,
-  # so in the round 1..6 the fragments sync at steps 1, 3, 4 and 6 (not 0, 1, 3, 4 as
-  # an offset f K / F would give).
+  # so in the round 1..6 the fragments sync at steps 1, 3, 4 and 6 (offsets f K / F
+  # would give 0, 1, 3, 4: steps 6, 1, 3, 4).
   got = predicate_table(6, 4, 6)
   steps = [int(np.flatnonzero(got[:, f])[0]) + 1 for f in range(4)]
   assert steps == [1, 3, 4, 6]
