@@ -4,10 +4,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 from jax.sharding import PartitionSpec as P
 
 import lordo_jax
+from lordo_jax import faults as faults_lib
 from tests import workers
+
+pytestmark = pytest.mark.timeout(300, method="thread")
 
 M = 4
 PARAMS = {"w": jnp.ones((12, 6)) * 0.1, "b": jnp.zeros(6)}
@@ -97,3 +101,91 @@ def test_worker_present_needs_fault_tolerance():
     assert "fault_tolerant=True" in str(error)
   else:
     raise AssertionError("worker_present was silently ignored")
+
+
+# The parts of lordo_jax.faults, one by one.
+
+STEPPED = optax.ScaleByAdamState(
+  count=jnp.int32(4),
+  mu={"w": jnp.array([0.5, -0.5]), "h": jnp.array([1.5], jnp.bfloat16)},
+  nu={"w": jnp.array([0.25, 0.25]), "h": jnp.array([2.5], jnp.bfloat16)},
+)
+BEFORE = optax.ScaleByAdamState(
+  count=jnp.int32(3),
+  mu={"w": jnp.array([0.1, 0.2]), "h": jnp.array([0.75], jnp.bfloat16)},
+  nu={"w": jnp.array([0.3, 0.4]), "h": jnp.array([0.5], jnp.bfloat16)},
+)
+UPDATES = {"w": jnp.array([-0.01, 0.02]), "h": jnp.array([0.03], jnp.bfloat16)}
+
+
+def counts(round_ok=True, excluded=3, empty_syncs=1) -> faults_lib.FaultCounts:
+  return faults_lib.FaultCounts(jnp.bool_(round_ok), jnp.int32(excluded), jnp.int32(empty_syncs))
+
+
+def assert_trees_equal(got, expected):
+  for g, e in zip(jax.tree.leaves(got), jax.tree.leaves(expected), strict=True):
+    assert g.dtype == e.dtype
+    np.testing.assert_array_equal(np.asarray(g, np.float64), np.asarray(e, np.float64))
+
+
+def test_init_fault_counts_and_all_finite():
+  start = faults_lib.init_fault_counts()
+  assert bool(start.round_ok) and int(start.excluded) == 0 and int(start.empty_syncs) == 0
+  assert bool(faults_lib.all_finite(UPDATES))
+  for bad in (np.nan, np.inf, -np.inf):
+    assert not bool(faults_lib.all_finite({**UPDATES, "w": jnp.array([0.0, bad])}))
+  assert not bool(faults_lib.all_finite({**UPDATES, "h": jnp.array([np.nan], jnp.bfloat16)}))
+
+
+def test_skip_non_finite_step_keeps_the_state_and_fails_the_round():
+  grads = {"w": jnp.array([1.0, np.nan]), "h": jnp.array([1.0], jnp.bfloat16)}
+  step = jax.jit(faults_lib.skip_non_finite_step)
+  updates, state, after = step(grads, UPDATES, STEPPED, BEFORE, counts())
+  assert_trees_equal(updates, jax.tree.map(jnp.zeros_like, UPDATES))
+  assert_trees_equal(state.mu, BEFORE.mu)  # the floating-point state before the step
+  assert_trees_equal(state.nu, BEFORE.nu)
+  assert int(state.count) == 4  # counters advance with the other workers
+  assert not bool(after.round_ok)
+  assert (int(after.excluded), int(after.empty_syncs)) == (3, 1)  # counted at the sync
+
+
+@pytest.mark.parametrize("round_ok", [True, False])
+def test_skip_non_finite_step_keeps_a_finite_step(round_ok):
+  grads = {"w": jnp.array([1.0, 2.0]), "h": jnp.array([1.0], jnp.bfloat16)}
+  updates, state, after = faults_lib.skip_non_finite_step(
+    grads, UPDATES, STEPPED, BEFORE, counts(round_ok)
+  )
+  assert_trees_equal(updates, UPDATES)
+  assert_trees_equal(state, STEPPED)
+  assert bool(after.round_ok) == round_ok  # a worker failed earlier stays failed
+
+
+def test_keep_every_step_is_the_identity_even_on_nan():
+  grads = {"w": jnp.array([np.nan, np.nan]), "h": jnp.array([np.inf], jnp.bfloat16)}
+  updates, state, after = faults_lib.keep_every_step(grads, UPDATES, STEPPED, BEFORE, counts())
+  assert_trees_equal(updates, UPDATES)
+  assert_trees_equal(state, STEPPED)
+  assert_trees_equal(after, counts())
+
+
+def test_count_sync_rounds_the_workers_left_out():
+  workers_count = 3
+  # Shares as a float32 sync computes them: 2/3 rounds up in float32, so (1 - 2/3) M
+  # is 0.99999994, counted as 1 worker (not 0, as a floor would).
+  fractions = [1.0, 2 / 3, 0.0, 1 / 3]
+  run = workers.on_workers(lambda c, f: faults_lib.count_sync(c, f, workers.AXIS), workers_count)
+  state = workers.stack(counts(round_ok=True, excluded=0, empty_syncs=0), workers_count)
+  state = state._replace(round_ok=np.array([True, False, False]))
+  history = []
+  for fraction in fractions:
+    state = run(state, np.full(workers_count, fraction, np.float32))
+    history.append((int(state.excluded[0]), int(state.empty_syncs[0])))
+    np.testing.assert_array_equal(state.round_ok, [True] * workers_count)  # a new round
+  assert history == [(0, 0), (1, 0), (4, 1), (6, 1)]
+
+
+def test_count_sync_on_one_worker():
+  after = faults_lib.count_sync(counts(False, 2, 0), jnp.float32(0.0), None)
+  assert (bool(after.round_ok), int(after.excluded), int(after.empty_syncs)) == (True, 3, 1)
+  after = faults_lib.count_sync(after, jnp.float32(1.0), None)
+  assert (int(after.excluded), int(after.empty_syncs)) == (3, 1)

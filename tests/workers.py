@@ -56,3 +56,33 @@ def run(tx, loss_fn, params, batches, workers: int):
     jax.block_until_ready((params, state))
     history.append((params, state))
   return history, step
+
+
+def on_workers(fn, workers: int):
+  """``fn``, written for one worker, run on ``workers`` simulated workers.
+
+  The returned function takes ``fn``'s arguments with a leading worker axis and
+  returns its results, on the host, with the same axis; ``fn`` runs inside one
+  jitted ``shard_map`` over the axis ``AXIS``, and each call waits for its outputs.
+  """
+  mesh = jax.make_mesh((workers,), (AXIS,))
+
+  def body(*args):
+    args = jax.tree.map(lambda x: x[0], args)
+    return jax.tree.map(lambda x: x[None], fn(*args))
+
+  mapped = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P(AXIS), out_specs=P(AXIS)))
+
+  def call(*args):
+    out = mapped(*shard(args, mesh))
+    jax.block_until_ready(out)
+    return jax.device_get(out)
+
+  return call
+
+
+def ledger_numbers(ledger) -> tuple[int, int, int]:
+  """(elements, bytes, all-reduces) of worker 0's ledger, from a stacked
+  :class:`lordo_jax.collectives.Ledger` (its int32 limbs: low + high * 2**20)."""
+  value = lambda limbs: int(limbs[0, 0]) + int(limbs[0, 1]) * 2**20  # noqa: E731
+  return value(ledger.elements), value(ledger.bytes), int(ledger.all_reduces[0])
