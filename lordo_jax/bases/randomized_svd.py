@@ -23,6 +23,7 @@ References:
 import jax
 import jax.numpy as jnp
 
+from lordo_jax.bases import layout
 from lordo_jax.bases import strategy as strategy_lib
 from lordo_jax.bases import two_sided
 
@@ -57,7 +58,7 @@ def randomized_bases(
     One :class:`~lordo_jax.bases.two_sided.TwoSidedBasis` per matrix (not yet
     checked for finiteness).
   """
-  xs = [x.astype(jnp.float32) for x in matrices]
+  xs = [layout.whole(x).astype(jnp.float32) for x in matrices]
   sketches = [
     jax.random.normal(key, (x.shape[1], sketch_width(x.shape, rank, oversample)), jnp.float32)
     for x, key in zip(xs, keys, strict=True)

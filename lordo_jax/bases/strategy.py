@@ -30,6 +30,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from lordo_jax.bases import layout
+
 Mean = Callable[[list], list]  # Averages a list of arrays over the workers (or not).
 
 
@@ -84,7 +86,12 @@ def checked(basis: Any, previous: Any) -> tuple[Any, jax.Array]:
 
 
 def new_basis(strategy: BasisStrategy, matrix, previous, key, first) -> tuple[Any, jax.Array]:
-  """``(basis, ok)`` of one refresh; ``first`` (bool, or a traced bool) picks ``first``."""
+  """``(basis, ok)`` of one refresh; ``first`` (bool, or a traced bool) picks ``first``.
+
+  A matrix sharded over ``Explicit`` mesh axes is gathered first
+  (:func:`lordo_jax.bases.layout.whole`).
+  """
+  matrix = layout.whole(matrix)
   exact = strategy.first or strategy.compute
   if first is True:
     return exact(matrix, previous, key)

@@ -1,0 +1,162 @@
+"""Worker groups that shard their model: every method on a workers x FSDP (x TP) mesh.
+
+The worker step runs under ``jax.shard_map(..., axis_names={"workers"})``, manual
+over the worker axis only; inside a worker its parameters stay sharded over the
+``fsdp`` (and ``tp``) axes, with ``Explicit`` axis types (``jax.make_mesh``'s default)
+and with ``Auto``. The result must be the 1-D run's (each worker's model whole on one
+device) to 1e-5 relative, and the ledgers equal: the method's collectives run over
+the worker axis only, whatever the sharding inside a worker.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax.sharding import AxisType
+from jax.sharding import PartitionSpec as P
+
+import lordo_jax
+
+pytestmark = pytest.mark.timeout(600, method="thread")
+
+AXIS = "workers"
+STEPS = 4  # Two syncs at K = 2, two refreshes of low-rank DDP at T = 3.
+METHODS = {
+  "lordo_svd": lambda: lordo_jax.lordo(1e-2, rank=2, sync_every=2, axis_name=AXIS),
+  "lordo_subspace_iteration": lambda: lordo_jax.lordo(
+    1e-2, rank=2, sync_every=2, axis_name=AXIS, projection="subspace_iteration"
+  ),
+  "lordo_dct": lambda: lordo_jax.lordo(
+    1e-2, rank=2, sync_every=2, axis_name=AXIS, projection="dct", error_feedback=True
+  ),
+  "lordo_two_sided": lambda: lordo_jax.lordo(
+    1e-2, rank=2, sync_every=2, axis_name=AXIS, two_sided=True
+  ),
+  "lordo_randomized_svd": lambda: lordo_jax.lordo(
+    1e-2, rank=2, sync_every=2, axis_name=AXIS, two_sided=True, projection="randomized_svd"
+  ),
+  "ddp": lambda: lordo_jax.ddp(1e-2, axis_name=AXIS),
+  "low_rank_ddp": lambda: lordo_jax.low_rank_ddp(1e-2, rank=2, refresh_every=3, axis_name=AXIS),
+  "low_rank_ddp_projected": lambda: lordo_jax.low_rank_ddp(
+    1e-2, rank=2, refresh_every=3, axis_name=AXIS, communicate="projected"
+  ),
+  "diloco": lambda: lordo_jax.diloco(1e-2, sync_every=2, axis_name=AXIS),
+}
+# Inside a worker: FSDP splits each matrix along one dimension; with a "tp" axis the
+# MLP is tensor-parallel too (up's columns and down's rows, Megatron style).
+FSDP_SPECS = {"up": P(AXIS, "fsdp", None), "down": P(AXIS, None, "fsdp"), "bias": P(AXIS, "fsdp")}
+TP_SPECS = {"up": P(AXIS, "fsdp", "tp"), "down": P(AXIS, "tp", "fsdp"), "bias": P(AXIS, "tp")}
+
+
+def _params():
+  keys = jax.random.split(jax.random.key(0), 2)
+  return {
+    "up": jax.random.normal(keys[0], (16, 24)) / 4,
+    "down": jax.random.normal(keys[1], (24, 16)) / 5,
+    "bias": jnp.zeros((24,)),
+  }
+
+
+def _matmul(a, b):
+  """``a @ b``; with ``Explicit`` axes a sum over a sharded inner dimension is made
+  whole (an all-reduce inside the worker, as in Megatron's row-parallel layer)."""
+  sharded = any(axes is not None for axes in jax.typeof(a).sharding.spec)
+  return jnp.matmul(a, b, out_sharding=P() if sharded else None)
+
+
+def _loss(params, batch):
+  x, y = batch
+  hidden = jnp.tanh(x @ params["up"] + params["bias"])
+  return jnp.mean((_matmul(hidden, params["down"]) - y) ** 2)
+
+
+def _batches(workers: int):
+  """One batch per worker and step; each worker's data differ."""
+  target = jax.random.normal(jax.random.key(1), (16, 16)) / 4
+  batches = []
+  for t in range(STEPS):
+    x = jax.random.normal(jax.random.key(100 + t), (workers, 8, 16))
+    batches.append((x, x @ target))
+  return batches
+
+
+def _one_worker(fn):
+  """``fn`` on one worker's slice of arguments stacked on a leading worker axis."""
+
+  def body(*args):
+    out = fn(*jax.tree.map(lambda a: a[0], args))
+    return jax.tree.map(lambda a: a[None], out)
+
+  return body
+
+
+def run(method: str, mesh, specs):
+  """STEPS steps of ``method`` on ``mesh``; params placed by ``specs``.
+
+  The state is made by ``tx.init`` inside the same ``shard_map`` as the step, so
+  that it follows the parameters' shardings. Returns (params, state), on the host.
+  """
+  tx = METHODS[method]()
+  workers = mesh.shape[AXIS]
+  manual = functools.partial(
+    jax.shard_map, mesh=mesh, in_specs=P(AXIS), out_specs=P(AXIS), axis_names={AXIS}
+  )
+
+  def step(params, state, batch):
+    grads = jax.grad(_loss)(params, batch)
+    updates, state = tx.update(grads, state, params)
+    return optax.apply_updates(params, updates), state
+
+  init = jax.jit(manual(_one_worker(tx.init)))
+  step = jax.jit(manual(_one_worker(step)))
+  params = jax.tree.map(
+    lambda a, spec: jax.device_put(jnp.stack([a] * workers), jax.NamedSharding(mesh, spec)),
+    _params(),
+    specs,
+  )
+  state = init(params)
+  for batch in _batches(workers):
+    batch = jax.device_put(batch, jax.NamedSharding(mesh, P(AXIS)))
+    params, state = step(params, state, batch)
+    jax.block_until_ready((params, state))
+  for name, spec in specs.items():  # Still sharded as placed (trailing Nones aside).
+    placed = tuple(params[name].sharding.spec) + (None,) * params[name].ndim
+    assert placed[: params[name].ndim] == (tuple(spec) + (None,) * 3)[: params[name].ndim]
+  return jax.device_get(params), state
+
+
+@functools.cache
+def unsharded_run(method: str, workers: int):
+  """The reference: each worker's model whole on one device."""
+  mesh = jax.make_mesh((workers,), (AXIS,), devices=jax.devices()[:workers])
+  params, state = run(method, mesh, {name: P(AXIS) for name in _params()})
+  return params, lordo_jax.communicated_bytes(state), lordo_jax.communicated_elements(state)
+
+
+def _assert_same_run(method, mesh, specs):
+  params, state = run(method, mesh, specs)
+  reference, nbytes, elements = unsharded_run(method, mesh.shape[AXIS])
+  for name, initial in _params().items():
+    scale = np.max(np.abs(reference[name]))
+    moved = np.max(np.abs(reference[name] - np.asarray(initial)[None]))
+    assert moved > 1e-3 * scale, name  # The comparison below could fail.
+    np.testing.assert_allclose(params[name], reference[name], rtol=0, atol=1e-5 * scale)
+  assert lordo_jax.communicated_bytes(state) == nbytes > 0
+  assert lordo_jax.communicated_elements(state) == elements
+
+
+@pytest.mark.parametrize("axis_type", [AxisType.Explicit, AxisType.Auto], ids=["explicit", "auto"])
+@pytest.mark.parametrize("method", list(METHODS))
+def test_four_workers_times_two_way_fsdp_match_the_unsharded_run(method, axis_type):
+  mesh = jax.make_mesh((4, 2), (AXIS, "fsdp"), axis_types=(axis_type,) * 2)
+  _assert_same_run(method, mesh, FSDP_SPECS)
+
+
+@pytest.mark.parametrize("axis_type", [AxisType.Explicit, AxisType.Auto], ids=["explicit", "auto"])
+@pytest.mark.parametrize("method", ["lordo_svd", "lordo_two_sided", "low_rank_ddp", "diloco"])
+def test_two_workers_times_fsdp_times_tensor_parallel_match_the_unsharded_run(method, axis_type):
+  mesh = jax.make_mesh((2, 2, 2), (AXIS, "fsdp", "tp"), axis_types=(axis_type,) * 3)
+  _assert_same_run(method, mesh, TP_SPECS)
