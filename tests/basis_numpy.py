@@ -41,6 +41,14 @@ def top_right(x, rank):
   return canonical(np.linalg.svd(np.asarray(x, np.float64))[2][:rank].T)
 
 
+def subspace_iterate(x, q, iterations, left):
+  """``iterations`` times Q <- qr(X X^T Q) (left) or qr(X^T X Q) (right); canonical signs."""
+  x, q = np.asarray(x, np.float64), np.asarray(q, np.float64)
+  for _ in range(iterations):
+    q = np.linalg.qr(x @ (x.T @ q) if left else x.T @ (x @ q))[0]
+  return canonical(q)
+
+
 def largest_angle(a, b):
   """The largest principal angle (radians) between the column spans of a and b."""
   qa = np.linalg.qr(np.asarray(a, np.float64))[0]
