@@ -5,8 +5,8 @@ NumPy (float64), fed the same Gaussian sketch (drawn from the key with
 ``jax.random.normal``, the only JAX call in the reference), and its result against
 NumPy's SVD. The workers' refresh is checked to equal the refresh of their mean matrix,
 with ``mean`` a ``pmean`` over a ``vmap`` axis of simulated workers. Tolerances: float32
-bases to ``atol=1e-4`` of the float64 ones (a sketch, a QR per pass and an SVD,
-amplified by the singular-value gaps, the smallest 2/5 of the largest); products to
+bases to ``atol=1e-4`` of the float64 ones (float32 rounding through a sketch, a QR
+per pass and an SVD, divided by relative singular-value gaps of 0.3); products to
 ``rtol=atol=1e-5``.
 """
 
