@@ -25,6 +25,23 @@ def test_nnx_shard_map_example_runs_and_learns():
   assert sent == [first + k * per_sync for k in (0, 1, 2, 3, 4)]
 
 
+def test_sharded_models_example_runs_on_four_workers_times_two_way_fsdp():
+  section = README.split("\n## Sharded models", 1)[1].split("\n## ", 1)[0]
+  code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+  result = subprocess.run(
+    [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT
+  )
+  assert result.returncode == 0, result.stderr[-2000:]
+  pattern = r"sharded run: loss ([0-9.]+) -> ([0-9.]+), up sharded as (.*), sent ([0-9,]+) bytes"
+  line = re.search(pattern, result.stdout)
+  assert float(line.group(2)) < 0.8 * float(line.group(1)), result.stdout
+  assert line.group(3) == "P('workers', 'fsdp', None)"
+  # The first gradient, then 4 syncs of the pseudo-gradient and both moments (rank 4,
+  # small side 32, two matrices): the same as unsharded.
+  params, moments = 2 * 32 * 64, 2 * 2 * 4 * 32
+  assert int(line.group(4).replace(",", "")) == (params + 4 * (params + moments)) * 4
+
+
 def test_ci_runs_the_readme_test_command():
   command = re.search(r"# the tests\n(.*)\n", README).group(1)
   assert command in (ROOT / ".ci" / "run").read_text()
