@@ -78,17 +78,21 @@ def _everyone(present, tree):
   return present
 
 
-def plain(axis_name: str | None) -> Averaging:
-  r"""The plain mean :math:`\frac1M \sum_m x_m`, every message sent as it is."""
-  mean = _counted(axis_name, None)
+def _uncompressed(mean: Callable, admit: Callable, guard_step: Callable) -> Averaging:
+  """Every message sent as it is: ``mean`` for all of them, no error feedback."""
   return Averaging(
     mean=mean,
     moment_mean=mean,
     pseudo_gradient_mean=_without_residual(mean),
     init_residual=_no_residual,
-    admit=_everyone,
-    guard_step=faults.keep_every_step,
+    admit=admit,
+    guard_step=guard_step,
   )
+
+
+def plain(axis_name: str | None) -> Averaging:
+  r"""The plain mean :math:`\frac1M \sum_m x_m`, every message sent as it is."""
+  return _uncompressed(_counted(axis_name, None), _everyone, faults.keep_every_step)
 
 
 def of_present_workers(axis_name: str | None) -> Averaging:
@@ -106,14 +110,7 @@ def of_present_workers(axis_name: str | None) -> Averaging:
   def admit(present, tree):
     return present & faults.all_finite(tree)
 
-  return Averaging(
-    mean=mean,
-    moment_mean=mean,
-    pseudo_gradient_mean=_without_residual(mean),
-    init_residual=_no_residual,
-    admit=admit,
-    guard_step=faults.skip_non_finite_step,
-  )
+  return _uncompressed(mean, admit, faults.skip_non_finite_step)
 
 
 def compressed(axis_name: str | None, codec: str) -> Averaging:

@@ -134,14 +134,12 @@ def desloc(
     first_moment_every: K_u, steps between first-moment averages; a multiple of
       K_x; ``None``: 3 K_x (the paper's setting).
     second_moment_every: K_v, the same for the second moment; ``None``: 6 K_x.
-    axis_name: the worker axis; ``None`` for one worker.
-    b1, b2, eps: Adam's parameters.
-    weight_decay: decoupled weight decay, as in ``optax.adamw``.
-    compression, fragments, fault_tolerant: the round's compressed messages,
-      streaming and fault tolerance, as in :func:`lordo_jax.lordo`.
+    axis_name, b1, b2, eps, weight_decay, compression, fragments, fault_tolerant:
+      as in :func:`local_adam`.
 
   Returns:
-    An ``optax.GradientTransformationExtraArgs``; its ``update`` needs params.
+    An ``optax.GradientTransformationExtraArgs`` (its ``update`` needs params) that
+    averages the moments at every ``K_u / K_x``-th and ``K_v / K_x``-th sync.
 
   Examples:
     >>> import jax.numpy as jnp, optax, lordo_jax
@@ -215,18 +213,17 @@ def diloco(
     outer_learning_rate: :math:`\eta_o`.
     outer_momentum: :math:`\mu_o`.
     nesterov: Nesterov momentum in the outer step.
-    b1, b2, eps: the inner Adam's parameters.
-    weight_decay: the inner AdamW's decoupled weight decay.
-    compression, fragments, fault_tolerant: the round's compressed messages,
-      streaming and fault tolerance, as in :func:`lordo_jax.lordo`.
+    b1, b2, eps, weight_decay, compression, fragments, fault_tolerant: of the inner
+      AdamW and the round, as in :func:`local_adam`.
 
   Returns:
-    An ``optax.GradientTransformationExtraArgs``; its ``update`` needs params.
+    An ``optax.GradientTransformationExtraArgs`` (its ``update`` needs params); the
+    outer optimizer's state is in its ``outer_state``.
 
   Examples:
     >>> import jax.numpy as jnp, optax, lordo_jax
-    >>> params = {"w": jnp.ones((4, 3))}
-    >>> tx = lordo_jax.diloco(1e-2, sync_every=8)
+    >>> params = {"w": jnp.zeros((4, 3))}
+    >>> tx = lordo_jax.diloco(1e-2, sync_every=8, outer_learning_rate=0.7)
     >>> state = tx.init(params)
     >>> updates, state = tx.update({"w": jnp.ones((4, 3))}, state, params)
 
