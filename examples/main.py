@@ -6,7 +6,7 @@ r"""Train a byte-level transformer LM with LoRDO and its baselines on simulated 
     python3 examples/main.py --param-dtype bfloat16       # bf16 params, f32 moments
     python3 examples/main.py --checkpoint-dir ckpt --checkpoint-every 32
     python3 examples/main.py --checkpoint-dir ckpt --resume   # after a stop
-    python3 examples/main.py --warm-start-steps 64 --option lordo.omega=0.97
+    python3 examples/main.py --warm-start-steps 64 --option lordo.omega=0.97  # docs/FIDELITY.md
 
 Every run trains the same model from the same initialisation on the same data, with
 ``--workers`` workers on a mesh of ``--devices`` simulated CPU devices, and logs the
@@ -26,8 +26,8 @@ first S steps are trained once with ``--warm-start-method`` (low-rank DDP), save
 ``DIR/warm_start/<method>`` (``DIR``: ``--checkpoint-dir``, else ``--out``), and every
 method of ``--methods`` continues from that checkpoint: its parameters, data position,
 bases, moments and error buffers (``examples/lm/warm_start.py``). ``--option
-METHOD.KEY=VALUE`` gives a method's factory an option (the warm-start phase takes those
-of its method).
+METHOD.KEY=VALUE`` gives a method's factory an option; ``--option warm_start.KEY=VALUE``
+one of the warm-start phase's.
 """
 
 import os
@@ -105,6 +105,18 @@ def parse_args(argv=None) -> argparse.Namespace:
   )
   add("--lr", type=float, default=2e-3, help="peak learning rate (warmup, cosine decay)")
   add("--warmup", type=int, default=20, help="learning-rate warmup steps")
+  add(
+    "--schedule",
+    choices=("cosine", "constant"),
+    default="cosine",
+    help="the learning rate after the warmup: cosine decay to lr/10, or constant",
+  )
+  add(
+    "--clip-norm",
+    type=float,
+    default=None,
+    help="clip each worker's gradient to this global norm (default: no clipping)",
+  )
   add("--weight-decay", type=float, default=0.0, help="decoupled weight decay")
   add("--batch", type=int, default=8, help="windows per worker per step")
   add("--eval-every", type=int, default=16, help="steps between validation evaluations")
@@ -165,7 +177,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     default=[],
     metavar="METHOD.KEY=VALUE",
     help="an option of a method's lordo_jax factory, e.g. lordo.omega=0.97 or "
-    "low_rank_ddp.error_feedback=true (VALUE read as JSON, else a string); repeatable",
+    "low_rank_ddp.transport=rotate (VALUE read as JSON, else a string); KEY lr_scale "
+    "multiplies the method's learning rate; METHOD warm_start: an option of the "
+    "--warm-start-method phase; repeatable",
   )
   add("--out", default="runs/lm", help="output directory for results.json and plots")
   add("--no-progress", action="store_true", help="no progress bars")
@@ -181,6 +195,8 @@ def check_args(args: argparse.Namespace) -> None:
       raise UsageError(f"{option} {value} is not allowed; use {option} 1 or more.")
   if args.eval_every < 1 or args.eval_windows < 1:
     raise UsageError("--eval-every and --eval-windows must be positive; use 1 or more.")
+  if args.clip_norm is not None and not args.clip_norm > 0:
+    raise UsageError(f"--clip-norm {args.clip_norm} is not allowed; use a positive norm.")
   if not args.lr > 0:
     raise UsageError(f"--lr {args.lr} is not allowed; use a positive learning rate.")
   if args.workers > args.devices:
@@ -254,6 +270,7 @@ def main(argv=None) -> int:
   model_config = model.PRESETS[args.preset]
   try:
     methods = resolve_methods(args.methods, optimizers)
+    check_option_methods(args, methods)
     rank = check_rank(args.rank, model_config, args.preset, model)
     raw, name = data.load_text(args.text)
     dataset = data.split(
@@ -354,10 +371,20 @@ def method_options(specs: list[str]) -> dict[str, tuple]:
   return {method: tuple(sorted(kv.items())) for method, kv in options.items()}
 
 
+def check_option_methods(args: argparse.Namespace, methods: list[str]) -> None:
+  """Every ``--option`` names a method trained (or ``warm_start`` with a warm start)."""
+  named = set(methods) | ({"warm_start"} if args.warm_start_steps else set())
+  for method in method_options(args.option):
+    if method not in named:
+      raise UsageError(
+        f"--option {method}.…: {method} is not trained; use one of {','.join(sorted(named))}."
+      )
+
+
 def warm_start_plan(args: argparse.Namespace, config, checkpoints):
   """The ``TrainConfig`` of the shared warm-start phase; None without one.
 
-  It trains ``--warm-start-method`` with its ``--option`` values up to step
+  It trains ``--warm-start-method`` with the ``--option warm_start.KEY=VALUE`` up to step
   ``--warm-start-steps`` of the whole run's schedule, checkpointed under
   ``DIR/warm_start/<method>``; a checkpoint already there (of the same settings, up to
   that step) is continued or reused.
@@ -374,7 +401,7 @@ def warm_start_plan(args: argparse.Namespace, config, checkpoints):
     )
   return dataclasses.replace(
     config,
-    optimizer_options=method_options(args.option).get(method, ()),
+    optimizer_options=method_options(args.option).get("warm_start", ()),
     checkpoint_dir=str(directory),
     checkpoint_every=0,
     stop_after=args.warm_start_steps,
@@ -390,6 +417,8 @@ def make_config(args: argparse.Namespace, rank: int, train):
     batch_size=args.batch,
     learning_rate=args.lr,
     warmup_steps=args.warmup,
+    schedule=args.schedule,
+    clip_norm=args.clip_norm,
     weight_decay=args.weight_decay,
     rank=rank,
     sync_every=args.sync_every,

@@ -15,8 +15,9 @@ tiny model with 4 simulated workers:
 * low-rank DDP warm-started from its own checkpoint continues that run bit for bit:
   nothing of its state (moments, counters, the schedule's count) is lost;
 * a checkpoint of another rank is refused with a message naming the setting;
-* the main command's ``--warm-start-steps`` trains the shared phase (with its method's
-  ``--option`` values) into ``OUT/warm_start/<method>`` and starts every method from it.
+* the main command's ``--warm-start-steps`` trains the shared phase (with the
+  ``--option warm_start.KEY=VALUE`` given) into ``OUT/warm_start/<method>`` and starts
+  every method from it.
 """
 
 import dataclasses
@@ -247,7 +248,7 @@ def test_main_command_starts_every_method_from_the_shared_phase(tmp_path):
   args = [
     "--preset", "tiny", "--methods", "lordo", "--workers", "4", "--steps", "12",
     "--sync-every", "3", "--rank", "4", "--eval-every", "6", "--eval-windows", "8",
-    "--warm-start-steps", "6", "--option", "low_rank_ddp.error_feedback=true",
+    "--warm-start-steps", "6", "--option", "warm_start.error_feedback=true",
     "--option", "lordo.error_feedback=true", "--option", "lordo.omega=0.97",
     "--out", str(tmp_path), "--no-progress",
   ]  # fmt: skip

@@ -40,6 +40,8 @@ OPTIONS = {
   "warm_start_from": "--warm-start-from",
   "warm_start_step": "--warm-start-step",
   "warm_start_moments": "--warm-start-moments",
+  "clip_norm": "--clip-norm",
+  "schedule": "--schedule",
 }
 _AFRESH = "or another --checkpoint-dir to start afresh"
 

@@ -77,6 +77,8 @@ class TrainConfig:
   warm_start_from: str | None = None
   warm_start_step: int | None = None  # S; None: the latest checkpoint there.
   warm_start_moments: str = "keep"  # The moments at the switch: "keep" or "reset" (zeros).
+  clip_norm: float | None = None  # Clip each worker's gradient to this global norm.
+  schedule: str = "cosine"  # After the warmup: "cosine" (to lr/10) or "constant".
 
 
 @dataclasses.dataclass
@@ -158,6 +160,11 @@ def make_evaluate(apply: Callable, windows: np.ndarray, chunk: int = 32) -> Call
 def make_optimizer(method: str, config: TrainConfig) -> optax.GradientTransformation:
   """``lordo_jax.<method>`` configured by ``config``, for one worker's params.
 
+  With ``config.clip_norm`` c each worker's gradient is first clipped to global norm
+  c: ``G -> G min(1, c / ||G||)``, before any average (the LoRDO authors clip at 0.5;
+  torchtitan clips the averaged gradient of a DDP step, so for low-rank DDP and DDP
+  this is per worker, not of the average).
+
   A warm-started run (``config.warm_start_from``) builds a method that takes
   ``init_projection`` with random first bases, which the warm start replaces by the
   checkpoint's (:mod:`.warm_start`), instead of recomputing them from its first gradient.
@@ -165,9 +172,12 @@ def make_optimizer(method: str, config: TrainConfig) -> optax.GradientTransforma
   extra = dict(config.optimizer_options)
   if config.warm_start_from and _accepts(method, "init_projection"):
     extra.setdefault("init_projection", "random")
-  return optimizers.get_optimizer(
+  learning_rate = optimizers.schedule(
+    config.learning_rate, config.steps, config.warmup_steps, config.schedule
+  )
+  tx = optimizers.get_optimizer(
     method,
-    learning_rate=optimizers.schedule(config.learning_rate, config.steps, config.warmup_steps),
+    learning_rate=learning_rate,
     axis_name=AXIS,
     rank=config.rank,
     sync_every=config.sync_every,
@@ -176,6 +186,10 @@ def make_optimizer(method: str, config: TrainConfig) -> optax.GradientTransforma
     extra_options=extra,
     warmup_steps=config.warmup_steps,
   )
+  if config.clip_norm is None:
+    return tx
+  # Stateless and local: each worker clips its own gradient, before any average.
+  return optax.chain(optax.clip_by_global_norm(config.clip_norm), tx)
 
 
 def _accepts(method: str, name: str) -> bool:
@@ -257,6 +271,8 @@ def train(
   Raises:
     checkpoints.ResumeError: ``resume`` without a checkpoint, a checkpoint of other
       settings (method, rank, ...), or checkpoints already there without ``resume``.
+    warm_start.WarmStartError: ``warm_start_from`` without a usable checkpoint, or one
+      of another model, data, rank, workers, batch or seed.
   """
   start = time.perf_counter()
   m = config.num_workers
