@@ -281,7 +281,7 @@ def main(argv=None) -> int:
       name=name,
     )
     config = make_config(args, rank, train)
-    warm_config = warm_start_plan(args, config, checkpoints)
+    warm_config = warm_start_plan(args, config, model_config, dataset, checkpoints)
     if warm_config is not None:
       config = dataclasses.replace(
         config,
@@ -381,13 +381,13 @@ def check_option_methods(args: argparse.Namespace, methods: list[str]) -> None:
       )
 
 
-def warm_start_plan(args: argparse.Namespace, config, checkpoints):
+def warm_start_plan(args: argparse.Namespace, config, model_config, dataset, checkpoints):
   """The ``TrainConfig`` of the shared warm-start phase; None without one.
 
   It trains ``--warm-start-method`` with the ``--option warm_start.KEY=VALUE`` up to step
   ``--warm-start-steps`` of the whole run's schedule, checkpointed under
   ``DIR/warm_start/<method>``; a checkpoint already there (of the same settings, up to
-  that step) is continued or reused.
+  that step) is continued or reused, one of other settings is a ``ResumeError``.
   """
   if not args.warm_start_steps:
     return None
@@ -399,7 +399,7 @@ def warm_start_plan(args: argparse.Namespace, config, checkpoints):
       f"--warm-start-steps {args.warm_start_steps}: {directory} already holds step {held}; "
       f"use --warm-start-steps {held}, or another --out or --checkpoint-dir."
     )
-  return dataclasses.replace(
+  warm_config = dataclasses.replace(
     config,
     optimizer_options=method_options(args.option).get("warm_start", ()),
     checkpoint_dir=str(directory),
@@ -407,6 +407,9 @@ def warm_start_plan(args: argparse.Namespace, config, checkpoints):
     stop_after=args.warm_start_steps,
     resume=held is not None,
   )
+  settings = checkpoints.settings(method, warm_config, model_config, dataset)
+  checkpoints.check(directory, settings, resume=warm_config.resume)
+  return warm_config
 
 
 def make_config(args: argparse.Namespace, rank: int, train):

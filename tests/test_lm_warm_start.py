@@ -252,13 +252,14 @@ def test_main_command_starts_every_method_from_the_shared_phase(tmp_path):
     "--option", "lordo.error_feedback=true", "--option", "lordo.omega=0.97",
     "--out", str(tmp_path), "--no-progress",
   ]  # fmt: skip
-  proc = subprocess.run(
-    [sys.executable, str(EXAMPLES / "main.py"), *args],
+  main = lambda *more: subprocess.run(  # noqa: E731
+    [sys.executable, str(EXAMPLES / "main.py"), *args, *more],
     capture_output=True,
     text=True,
     timeout=240,
     env=env,
   )
+  proc = main()
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "warm start: low_rank_ddp steps 1-6" in proc.stdout
   saved = json.loads((tmp_path / "results.json").read_text())
@@ -270,3 +271,6 @@ def test_main_command_starts_every_method_from_the_shared_phase(tmp_path):
     assert result["evals"][0]["step"] == 6
     assert result["evals"][0]["val_loss"] == warm["final_val_loss"]
     assert result["evals"][-1]["step"] == 12
+  # The shared phase kept there is reused only under the same settings.
+  other = main("--lr", "0.02")
+  assert other.returncode == 2 and "use --lr 0.002" in other.stderr.strip().splitlines()[-1]
