@@ -6,6 +6,7 @@ r"""Train a byte-level transformer LM with LoRDO and its baselines on simulated 
     python3 examples/main.py --param-dtype bfloat16       # bf16 params, f32 moments
     python3 examples/main.py --checkpoint-dir ckpt --checkpoint-every 32
     python3 examples/main.py --checkpoint-dir ckpt --resume   # after a stop
+    python3 examples/main.py --warm-start-steps 64 --option lordo.omega=0.97  # docs/FIDELITY.md
 
 Every run trains the same model from the same initialisation on the same data, with
 ``--workers`` workers on a mesh of ``--devices`` simulated CPU devices, and logs the
@@ -19,6 +20,14 @@ model that ignores context) is printed for reference.
 With ``--checkpoint-dir`` each method saves checkpoints under ``DIR/<method>``;
 ``--resume`` continues every method that has one from its latest (a method without
 one starts afresh), and the resumed run ends bit-identical to one that never stopped.
+
+With ``--warm-start-steps S`` (the LoRDO paper's protocol, ``docs/FIDELITY.md``) the
+first S steps are trained once with ``--warm-start-method`` (low-rank DDP), saved under
+``DIR/warm_start/<method>`` (``DIR``: ``--checkpoint-dir``, else ``--out``), and every
+method of ``--methods`` continues from that checkpoint: its parameters, data position,
+bases, moments and error buffers (``examples/lm/warm_start.py``). ``--option
+METHOD.KEY=VALUE`` gives a method's factory an option; ``--option warm_start.KEY=VALUE``
+one of the warm-start phase's.
 """
 
 import os
@@ -29,6 +38,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402
+import json  # noqa: E402
 import math  # noqa: E402
 import pathlib  # noqa: E402
 import sys  # noqa: E402
@@ -95,6 +105,18 @@ def parse_args(argv=None) -> argparse.Namespace:
   )
   add("--lr", type=float, default=2e-3, help="peak learning rate (warmup, cosine decay)")
   add("--warmup", type=int, default=20, help="learning-rate warmup steps")
+  add(
+    "--schedule",
+    choices=("cosine", "constant"),
+    default="cosine",
+    help="the learning rate after the warmup: cosine decay to lr/10, or constant",
+  )
+  add(
+    "--clip-norm",
+    type=float,
+    default=None,
+    help="clip each worker's gradient to this global norm (default: no clipping)",
+  )
   add("--weight-decay", type=float, default=0.0, help="decoupled weight decay")
   add("--batch", type=int, default=8, help="windows per worker per step")
   add("--eval-every", type=int, default=16, help="steps between validation evaluations")
@@ -131,6 +153,34 @@ def parse_args(argv=None) -> argparse.Namespace:
     help="stop each method after this step and checkpoint it (a time-limited job); "
     "continue later with --resume",
   )
+  add(
+    "--warm-start-steps",
+    type=int,
+    default=0,
+    help="train the first S steps once with --warm-start-method, then every method from "
+    "its checkpoint (bases, moments, error buffers carried over; 0: no warm start)",
+  )
+  add(
+    "--warm-start-method",
+    default="low_rank_ddp",
+    help="the method of the shared warm-start phase",
+  )
+  add(
+    "--warm-start-moments",
+    choices=("keep", "reset"),
+    default="keep",
+    help="the moments at the switch: the warm-start phase's, or zeros (the authors' switch)",
+  )
+  add(
+    "--option",
+    action="append",
+    default=[],
+    metavar="METHOD.KEY=VALUE",
+    help="an option of a method's lordo_jax factory, e.g. lordo.omega=0.97 or "
+    "low_rank_ddp.transport=rotate (VALUE read as JSON, else a string); KEY lr_scale "
+    "multiplies the method's learning rate; METHOD warm_start: an option of the "
+    "--warm-start-method phase; repeatable",
+  )
   add("--out", default="runs/lm", help="output directory for results.json and plots")
   add("--no-progress", action="store_true", help="no progress bars")
   return parser.parse_args(argv)
@@ -145,6 +195,8 @@ def check_args(args: argparse.Namespace) -> None:
       raise UsageError(f"{option} {value} is not allowed; use {option} 1 or more.")
   if args.eval_every < 1 or args.eval_windows < 1:
     raise UsageError("--eval-every and --eval-windows must be positive; use 1 or more.")
+  if args.clip_norm is not None and not args.clip_norm > 0:
+    raise UsageError(f"--clip-norm {args.clip_norm} is not allowed; use a positive norm.")
   if not args.lr > 0:
     raise UsageError(f"--lr {args.lr} is not allowed; use a positive learning rate.")
   if args.workers > args.devices:
@@ -173,6 +225,12 @@ def check_args(args: argparse.Namespace) -> None:
     )
   if args.stop_after is not None and args.stop_after < 1:
     raise UsageError(f"--stop-after {args.stop_after} is not allowed; use 1 or more.")
+  if not 0 <= args.warm_start_steps < args.steps:
+    raise UsageError(
+      f"--warm-start-steps {args.warm_start_steps} is not between 0 and --steps "
+      f"{args.steps}; use fewer, or more --steps."
+    )
+  method_options(args.option)
   if args.checkpoint_dir is None:
     for option, given in (
       ("--resume", args.resume),
@@ -212,6 +270,7 @@ def main(argv=None) -> int:
   model_config = model.PRESETS[args.preset]
   try:
     methods = resolve_methods(args.methods, optimizers)
+    check_option_methods(args, methods)
     rank = check_rank(args.rank, model_config, args.preset, model)
     raw, name = data.load_text(args.text)
     dataset = data.split(
@@ -222,6 +281,14 @@ def main(argv=None) -> int:
       name=name,
     )
     config = make_config(args, rank, train)
+    warm_config = warm_start_plan(args, config, model_config, dataset, checkpoints)
+    if warm_config is not None:
+      config = dataclasses.replace(
+        config,
+        warm_start_from=warm_config.checkpoint_dir,
+        warm_start_step=args.warm_start_steps,
+        warm_start_moments=args.warm_start_moments,
+      )
     configs = resume_plan(args, methods, config, model_config, dataset, checkpoints)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -240,6 +307,17 @@ def main(argv=None) -> int:
     flush=True,
   )
   start = time.perf_counter()
+  warm = None
+  if warm_config is not None:
+    warm = train.train(
+      args.warm_start_method, warm_config, model_config, dataset, progress=not args.no_progress
+    )
+    print(
+      f"warm start: {args.warm_start_method} steps 1-{args.warm_start_steps}, validation loss "
+      f"{warm.final_val_loss:.3f}, {warm.communicated_bytes / 2**20:.1f} MiB per worker "
+      f"(not counted below); every method continues from {warm_config.checkpoint_dir}",
+      flush=True,
+    )
   results = []
   for method in methods:
     results.append(
@@ -260,6 +338,7 @@ def main(argv=None) -> int:
       "unigram_entropy_bits": dataset.unigram_entropy / math.log(2),
     },
     "total_wall_time_s": total,
+    "warm_start": None if warm is None else dataclasses.asdict(warm),
   }
   report.write_json(out / report.JSON_NAME, results, meta)
   title = f"{args.preset} byte LM on {pathlib.Path(dataset.name).name}, {args.workers} workers"
@@ -271,6 +350,68 @@ def main(argv=None) -> int:
   return 0
 
 
+def method_options(specs: list[str]) -> dict[str, tuple]:
+  """``{method: ((key, value), ...)}`` of the ``--option METHOD.KEY=VALUE`` given.
+
+  VALUE is read as JSON (``true``, ``0.97``, ``"x"``), else taken as a string.
+  """
+  options: dict[str, dict] = {}
+  for spec in specs:
+    name, sep, text = spec.partition("=")
+    method, dot, key = name.partition(".")
+    if not (sep and dot and method and key):
+      raise UsageError(
+        f"--option {spec}: not METHOD.KEY=VALUE; use, e.g., --option lordo.omega=0.97."
+      )
+    try:
+      value = json.loads(text)
+    except json.JSONDecodeError:
+      value = text
+    options.setdefault(method, {})[key] = value
+  return {method: tuple(sorted(kv.items())) for method, kv in options.items()}
+
+
+def check_option_methods(args: argparse.Namespace, methods: list[str]) -> None:
+  """Every ``--option`` names a method trained (or ``warm_start`` with a warm start)."""
+  named = set(methods) | ({"warm_start"} if args.warm_start_steps else set())
+  for method in method_options(args.option):
+    if method not in named:
+      raise UsageError(
+        f"--option {method}.…: {method} is not trained; use one of {','.join(sorted(named))}."
+      )
+
+
+def warm_start_plan(args: argparse.Namespace, config, model_config, dataset, checkpoints):
+  """The ``TrainConfig`` of the shared warm-start phase; None without one.
+
+  It trains ``--warm-start-method`` with the ``--option warm_start.KEY=VALUE`` up to step
+  ``--warm-start-steps`` of the whole run's schedule, checkpointed under
+  ``DIR/warm_start/<method>``; a checkpoint already there (of the same settings, up to
+  that step) is continued or reused, one of other settings is a ``ResumeError``.
+  """
+  if not args.warm_start_steps:
+    return None
+  method = args.warm_start_method
+  directory = pathlib.Path(args.checkpoint_dir or args.out) / "warm_start" / method
+  held = checkpoints.latest_step(directory)
+  if held is not None and held > args.warm_start_steps:
+    raise UsageError(
+      f"--warm-start-steps {args.warm_start_steps}: {directory} already holds step {held}; "
+      f"use --warm-start-steps {held}, or another --out or --checkpoint-dir."
+    )
+  warm_config = dataclasses.replace(
+    config,
+    optimizer_options=method_options(args.option).get("warm_start", ()),
+    checkpoint_dir=str(directory),
+    checkpoint_every=0,
+    stop_after=args.warm_start_steps,
+    resume=held is not None,
+  )
+  settings = checkpoints.settings(method, warm_config, model_config, dataset)
+  checkpoints.check(directory, settings, resume=warm_config.resume)
+  return warm_config
+
+
 def make_config(args: argparse.Namespace, rank: int, train):
   """The ``TrainConfig`` the options describe (no checkpoint directory yet)."""
   return train.TrainConfig(
@@ -279,6 +420,8 @@ def make_config(args: argparse.Namespace, rank: int, train):
     batch_size=args.batch,
     learning_rate=args.lr,
     warmup_steps=args.warmup,
+    schedule=args.schedule,
+    clip_norm=args.clip_norm,
     weight_decay=args.weight_decay,
     rank=rank,
     sync_every=args.sync_every,
@@ -299,8 +442,9 @@ def resume_plan(args, methods, config, model_config, dataset, checkpoints) -> di
   change) for ``--resume`` with no checkpoint of any method, a checkpoint written
   with other options, or checkpoints already there without ``--resume``.
   """
+  options = method_options(args.option)
   if args.checkpoint_dir is None:
-    return dict.fromkeys(methods, config)
+    return {m: dataclasses.replace(config, optimizer_options=options.get(m, ())) for m in methods}
   root = pathlib.Path(args.checkpoint_dir)
   found = {m: checkpoints.latest_step(root / m) for m in methods}
   if args.resume and all(step is None for step in found.values()):
@@ -316,7 +460,10 @@ def resume_plan(args, methods, config, model_config, dataset, checkpoints) -> di
   configs = {}
   for method, step in found.items():
     configs[method] = dataclasses.replace(
-      config, checkpoint_dir=str(root / method), resume=args.resume and step is not None
+      config,
+      optimizer_options=options.get(method, ()),
+      checkpoint_dir=str(root / method),
+      resume=args.resume and step is not None,
     )
     settings = checkpoints.settings(method, configs[method], model_config, dataset)
     checkpoints.check(configs[method].checkpoint_dir, settings, resume=configs[method].resume)

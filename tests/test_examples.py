@@ -149,7 +149,8 @@ def test_main_help_documents_every_option():
   for option in (
     "--methods", "--workers", "--rank", "--sync-every", "--steps", "--seed", "--preset",
     "--lr", "--batch", "--out", "--text", "--devices", "--param-dtype", "--checkpoint-dir",
-    "--checkpoint-every", "--resume", "--stop-after",
+    "--checkpoint-every", "--resume", "--stop-after", "--warm-start-steps",
+    "--warm-start-method", "--warm-start-moments", "--option",
   ):  # fmt: skip
     assert option in proc.stdout
 
@@ -163,6 +164,12 @@ BAD_INPUTS = {
   "unknown_method": (["--methods", "lordo,adam"], "not available"),
   "resume_without_directory": (["--resume"], "--resume needs --checkpoint-dir"),
   "stop_without_directory": (["--stop-after", "5"], "--stop-after needs --checkpoint-dir"),
+  "warm_start_too_long": (["--warm-start-steps", "256"], "not between 0 and --steps 256"),
+  "option_not_key_value": (["--option", "lordo.omega"], "not METHOD.KEY=VALUE"),
+  "option_of_untrained_method": (
+    ["--methods", "lordo", "--option", "ddp.b1=0.95"],
+    "ddp is not trained",
+  ),
   "resume_without_checkpoint": (
     ["--resume", "--checkpoint-dir", "{tmp}/no_checkpoints"],
     "--resume: no checkpoint of lordo",

@@ -37,6 +37,11 @@ OPTIONS = {
   "seed": "--seed",
   "param_dtype": "--param-dtype",
   "optimizer_options": "optimizer_options",
+  "warm_start_from": "--warm-start-from",
+  "warm_start_step": "--warm-start-step",
+  "warm_start_moments": "--warm-start-moments",
+  "clip_norm": "--clip-norm",
+  "schedule": "--schedule",
 }
 _AFRESH = "or another --checkpoint-dir to start afresh"
 

@@ -54,9 +54,26 @@ def default_methods() -> tuple[str, ...]:
   return tuple(name for name in DEFAULT_METHODS if name in available_methods())
 
 
-def schedule(learning_rate: float, steps: int, warmup: int) -> optax.Schedule:
-  """Linear warmup to ``learning_rate``, then cosine decay to a tenth of it."""
+# The learning-rate schedules of schedule(): after a linear warmup from 0 to the peak,
+# "cosine" decays to a tenth of the peak at the last step, "constant" stays at the peak
+# (the LoRDO authors' runs, docs/FIDELITY.md point 11).
+SCHEDULES = ("cosine", "constant")
+
+
+def schedule(learning_rate: float, steps: int, warmup: int, kind: str = "cosine") -> optax.Schedule:
+  """Linear warmup to ``learning_rate``, then ``kind`` (:data:`SCHEDULES`).
+
+  ``"cosine"``: ``lr_t = lr/10 + (lr - lr/10) (1 + cos(pi (t - w) / (steps - w))) / 2``
+  after the warmup of ``w`` steps; ``"constant"``: ``lr_t = lr`` after it.
+
+  Raises:
+    ValueError: ``kind`` not in :data:`SCHEDULES`.
+  """
   warmup = max(1, min(warmup, steps - 1))
+  if kind == "constant":
+    return optax.warmup_constant_schedule(0.0, learning_rate, warmup)
+  if kind != "cosine":
+    raise ValueError(f"--schedule {kind}: unknown; use one of {', '.join(SCHEDULES)}.")
   return optax.warmup_cosine_decay_schedule(
     0.0, learning_rate, warmup, max(steps, warmup + 1), learning_rate / 10
   )
@@ -78,10 +95,12 @@ def get_optimizer(
   """The optimizer ``lordo_jax.<name>`` with the options its signature accepts.
 
   ``extra_options`` go to the factory as they are (``{"omega": 1.0}``, say), after
-  the common options above, which they override; the factory checks them. One is
+  the common options above, which they override; the factory checks them. Two are
   read here instead: ``quadratic_sync_alpha`` (a float) makes ``sync_every`` the
   Quadratic Synchronization Rule, ``lordo_jax.quadratic_sync_rule(sync_every,
-  alpha, learning_rate, warmup_steps=warmup_steps)``.
+  alpha, learning_rate, warmup_steps=warmup_steps)``; ``lr_scale`` (a float ``c``)
+  multiplies the learning rate: ``lr_t -> c lr_t`` (the LoRDO authors halve LoRDO's
+  rate from their warm start on, ``docs/FIDELITY.md`` point 11).
 
   Raises:
     ValueError: if ``lordo_jax`` has no method ``name``.
@@ -100,6 +119,7 @@ def get_optimizer(
   }
   options.update(dict.fromkeys(_REFRESH_NAMES, refresh_every))
   extra_options = dict(extra_options or {})
+  learning_rate = _scaled(learning_rate, extra_options.pop("lr_scale", 1.0))
   alpha = extra_options.pop("quadratic_sync_alpha", None)
   if alpha is not None:
     options["sync_every"] = lordo_jax.quadratic_sync_rule(
@@ -112,3 +132,12 @@ def get_optimizer(
     accepted = {**inspect.signature(lordo_jax.lordo).parameters, **accepted}
   options = {k: v for k, v in options.items() if k in accepted}
   return factory(learning_rate, **(options | extra_options))
+
+
+def _scaled(learning_rate: optax.ScalarOrSchedule, scale: float) -> optax.ScalarOrSchedule:
+  """``scale`` times ``learning_rate`` (a number or a schedule of the step count)."""
+  if scale == 1.0:
+    return learning_rate
+  if callable(learning_rate):
+    return lambda count: scale * learning_rate(count)
+  return scale * learning_rate

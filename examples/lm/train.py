@@ -15,10 +15,15 @@ With ``param_dtype="bfloat16"`` the parameters (and so the gradients and the
 activations) are bfloat16, while the optimizer keeps its moments and projections in
 float32 (every ``lordo_jax`` method does). With ``checkpoint_dir`` the loop saves
 checkpoints (:mod:`.checkpoints`), and ``resume=True`` continues from the latest one
-exactly as the run would have gone on without the stop.
+exactly as the run would have gone on without the stop. With ``warm_start_from`` the
+run starts after step S of another run's checkpoint, its parameters, data position and
+inner optimizer state (bases, moments, error buffers, step counters) carried over
+(:mod:`.warm_start`): the paper's protocol of LoRDO started from low-rank DDP at a
+third of the run.
 """
 
 import dataclasses
+import inspect
 import time
 from collections.abc import Callable
 from typing import Any
@@ -38,6 +43,7 @@ from . import data as data_lib
 from . import metrics as metrics_lib
 from . import model as model_lib
 from . import optimizers
+from . import warm_start as warm_start_lib
 
 AXIS = "workers"
 DATA_AXIS = "data"
@@ -67,6 +73,12 @@ class TrainConfig:
   checkpoint_every: int = 0  # Steps between checkpoints; 0: only at the end of a call.
   resume: bool = False  # Continue from the latest checkpoint in checkpoint_dir.
   stop_after: int | None = None  # End this call after this step (a time-limited job).
+  # Start after step S of this checkpoint directory of another run (see warm_start.py).
+  warm_start_from: str | None = None
+  warm_start_step: int | None = None  # S; None: the latest checkpoint there.
+  warm_start_moments: str = "keep"  # The moments at the switch: "keep" or "reset" (zeros).
+  clip_norm: float | None = None  # Clip each worker's gradient to this global norm.
+  schedule: str = "cosine"  # After the warmup: "cosine" (to lr/10) or "constant".
 
 
 @dataclasses.dataclass
@@ -84,6 +96,7 @@ class RunResult:
   bytes_sent: list[int]  # Bytes all-reduced per worker since init, after every step.
   evals: list[dict[str, Any]]  # step, val_loss and the metrics of that step.
   resumed_from: int = 0  # The checkpoint's step this call continued from (0: none).
+  warm_start_step: int = 0  # The step of the other run this run started from (0: none).
 
 
 def make_mesh(num_workers: int) -> jax.sharding.Mesh:
@@ -145,18 +158,96 @@ def make_evaluate(apply: Callable, windows: np.ndarray, chunk: int = 32) -> Call
 
 
 def make_optimizer(method: str, config: TrainConfig) -> optax.GradientTransformation:
-  """``lordo_jax.<method>`` configured by ``config``, for one worker's params."""
-  return optimizers.get_optimizer(
+  """``lordo_jax.<method>`` configured by ``config``, for one worker's params.
+
+  With ``config.clip_norm`` c each worker's gradient is first clipped to global norm
+  c: ``G -> G min(1, c / ||G||)``, before any average (the LoRDO authors clip at 0.5;
+  torchtitan clips the averaged gradient of a DDP step, so for low-rank DDP and DDP
+  this is per worker, not of the average).
+
+  A warm-started run (``config.warm_start_from``) builds a method that takes
+  ``init_projection`` with random first bases, which the warm start replaces by the
+  checkpoint's (:mod:`.warm_start`), instead of recomputing them from its first gradient.
+  """
+  extra = dict(config.optimizer_options)
+  if config.warm_start_from and _accepts(method, "init_projection"):
+    extra.setdefault("init_projection", "random")
+  learning_rate = optimizers.schedule(
+    config.learning_rate, config.steps, config.warmup_steps, config.schedule
+  )
+  tx = optimizers.get_optimizer(
     method,
-    learning_rate=optimizers.schedule(config.learning_rate, config.steps, config.warmup_steps),
+    learning_rate=learning_rate,
     axis_name=AXIS,
     rank=config.rank,
     sync_every=config.sync_every,
     refresh_every=config.refresh_every,
     weight_decay=config.weight_decay,
-    extra_options=dict(config.optimizer_options),
+    extra_options=extra,
     warmup_steps=config.warmup_steps,
   )
+  if config.clip_norm is None:
+    return tx
+  # Stateless and local: each worker clips its own gradient, before any average.
+  return optax.chain(optax.clip_by_global_norm(config.clip_norm), tx)
+
+
+def _accepts(method: str, name: str) -> bool:
+  """Whether ``lordo_jax.<method>`` takes the keyword ``name`` (directly or via lordo)."""
+  factory = getattr(lordo_jax, method, None)
+  if not callable(factory):
+    return False
+  accepted = inspect.signature(factory).parameters
+  if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values()):
+    accepted = {**inspect.signature(lordo_jax.lordo).parameters, **accepted}
+  return name in accepted
+
+
+def resolve_warm_start(method, config, model_config, dataset) -> tuple[TrainConfig, dict | None]:
+  """``(config with warm_start_step set, the source run's settings)``; no warm start: None.
+
+  Raises:
+    warm_start.WarmStartError: no usable checkpoint, or one of another model, data,
+      workers, batch, rank or seed.
+  """
+  if config.warm_start_from is None:
+    return config, None
+  step, saved = warm_start_lib.read_settings(config.warm_start_from, config.warm_start_step)
+  if step >= config.steps:
+    raise warm_start_lib.WarmStartError(
+      f"--warm-start-from {config.warm_start_from}: its step {step} is not before --steps "
+      f"{config.steps}; give more --steps."
+    )
+  config = dataclasses.replace(config, warm_start_step=step)
+  current = checkpoints.settings(method, config, model_config, dataset)
+  warm_start_lib.check_compatible(saved, current, config.warm_start_from)
+  return config, saved
+
+
+def warm_started(config, saved, tx, params, sharding) -> tuple[Any, Any, int]:
+  """``(params, opt_state, data_position)`` of a warm start (see :mod:`.warm_start`).
+
+  The checkpoint is restored with its own method's optimizer as the template; this
+  run's state is ``tx.init`` of the checkpoint's parameters (so LoRDO's anchor is
+  them), with every inner optimizer state then taken from the checkpoint's.
+
+  Args:
+    config: this run's config, ``warm_start_step`` resolved (:func:`resolve_warm_start`).
+    saved: the checkpoint's settings.
+    tx: this run's optimizer (:func:`make_optimizer`).
+    params: the stacked parameters of this run, sharded: the restore's template.
+    sharding: the workers' sharding of the states.
+  """
+  m = config.num_workers
+  source_tx = make_optimizer(saved["method"], warm_start_lib.source_config(config, saved))
+  one_worker = jax.tree.map(lambda x: np.asarray(x)[0], params)
+  like = jax.device_put(stack(source_tx.init(one_worker), m), sharding)
+  params, source_state, metadata = checkpoints.restore(
+    config.warm_start_from, config.warm_start_step, params, like
+  )
+  opt_state = jax.device_put(stack(tx.init(warm_start_lib.first_worker(params)), m), sharding)
+  opt_state = warm_start_lib.transplant(source_state, opt_state, moments=config.warm_start_moments)
+  return params, opt_state, metadata["data_position"]
 
 
 def train(
@@ -180,9 +271,12 @@ def train(
   Raises:
     checkpoints.ResumeError: ``resume`` without a checkpoint, a checkpoint of other
       settings (method, rank, ...), or checkpoints already there without ``resume``.
+    warm_start.WarmStartError: ``warm_start_from`` without a usable checkpoint, or one
+      of another model, data, rank, workers, batch or seed.
   """
   start = time.perf_counter()
   m = config.num_workers
+  config, warm_settings = resolve_warm_start(method, config, model_config, dataset)
   apply, params = model_lib.init(model_config, config.seed)
   params = model_lib.cast(params, config.param_dtype)
   tx = make_optimizer(method, config)
@@ -212,15 +306,20 @@ def train(
   elif config.resume:
     raise checkpoints.ResumeError("--resume needs the --checkpoint-dir of the run to continue.")
   first = saver.resume_step if saver is not None else 0
-  if first:
+  resumed = bool(first)
+  if resumed:
     params, opt_state, saved = saver.restore(params, opt_state)
     batches.seek(saved["data_position"])
     history = saved["history"]
+  elif warm_settings is not None:
+    params, opt_state, position = warm_started(config, warm_settings, tx, params, workers)
+    batches.seek(position)
+    first = config.warm_start_step
   tracker(opt_state)
-  if not first:
+  if not resumed:
     history = {"train_loss": [], "step_time_s": [], "bytes_sent": [], "wall_time_s": 0.0}
     history["evals"] = [
-      {"step": 0, "val_loss": evaluate(params)} | metrics_lib.step_metrics(opt_state, tracker)
+      {"step": first, "val_loss": evaluate(params)} | metrics_lib.step_metrics(opt_state, tracker)
     ]
   last = min(config.steps, config.stop_after or config.steps)
   compile_time = 0.0
@@ -275,5 +374,6 @@ def train(
     step_time_s=history["step_time_s"],
     bytes_sent=history["bytes_sent"],
     evals=evals,
-    resumed_from=first,
+    resumed_from=first if resumed else 0,
+    warm_start_step=(config.warm_start_step or 0) if config.warm_start_from else 0,
   )
