@@ -93,11 +93,12 @@ def _one_worker(fn):
   return body
 
 
-def run(method: str, mesh, specs):
+def run(method: str, mesh, specs, host: bool = True):
   """STEPS steps of ``method`` on ``mesh``; params placed by ``specs``.
 
   The state is made by ``tx.init`` inside the same ``shard_map`` as the step, so
-  that it follows the parameters' shardings. Returns (params, state), on the host.
+  that it follows the parameters' shardings. Returns (params, state): params on the
+  host, or both as they lie on the devices (``host=False``).
   """
   tx = METHODS[method]()
   workers = mesh.shape[AXIS]
@@ -125,7 +126,7 @@ def run(method: str, mesh, specs):
   for name, spec in specs.items():  # Still sharded as placed (trailing Nones aside).
     placed = tuple(params[name].sharding.spec) + (None,) * params[name].ndim
     assert placed[: params[name].ndim] == (tuple(spec) + (None,) * 3)[: params[name].ndim]
-  return jax.device_get(params), state
+  return (jax.device_get(params) if host else params), state
 
 
 @functools.cache
@@ -160,3 +161,39 @@ def test_four_workers_times_two_way_fsdp_match_the_unsharded_run(method, axis_ty
 def test_two_workers_times_fsdp_times_tensor_parallel_match_the_unsharded_run(method, axis_type):
   mesh = jax.make_mesh((2, 2, 2), (AXIS, "fsdp", "tp"), axis_types=(axis_type,) * 3)
   _assert_same_run(method, mesh, TP_SPECS)
+
+
+def _bytes_on(device, tree, keep=lambda path, leaf: True) -> int:
+  """Bytes of the shards of ``tree``'s leaves that ``device`` holds (those ``keep`` picks)."""
+  total = 0
+  for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
+    if keep(jax.tree_util.keystr(path), leaf):
+      total += sum(s.data.nbytes for s in leaf.addressable_shards if s.device == device)
+  return total
+
+
+def _small(path: str, leaf) -> bool:
+  """A basis (``n x r`` or r frequencies) or a leaf of at most 8 numbers a worker."""
+  return "basis" in path or leaf.size <= 8 * leaf.shape[0]
+
+
+@pytest.mark.parametrize(
+  "method", ["lordo_svd", "lordo_dct", "low_rank_ddp", "ddp", "diloco", "lordo_two_sided"]
+)
+def test_the_state_of_a_sharded_parameter_is_sharded_like_it(method):
+  """Per device, the state is 1/F of a whole worker's, but for the bases and scalars.
+
+  Measured from the arrays' shards after the run: the anchor, the error buffers and
+  the full-rank moments split like their parameter, and the low-rank moments along
+  the matrix's kept dimension (the columns on the left, the rows on the right).
+  """
+  fsdp = 2
+  mesh = jax.make_mesh((4, fsdp), (AXIS, "fsdp"))
+  whole_mesh = jax.make_mesh((4,), (AXIS,), devices=jax.devices()[:4])
+  _, state = run(method, mesh, FSDP_SPECS, host=False)
+  _, whole = run(method, whole_mesh, {name: P(AXIS) for name in _params()}, host=False)
+  device, whole_device = mesh.devices.flat[0], whole_mesh.devices.flat[0]
+  sharded, unsharded = _bytes_on(device, state), _bytes_on(whole_device, whole)
+  small = _bytes_on(whole_device, whole, _small)
+  assert unsharded - small > small  # Most of the state is in the big leaves.
+  assert sharded <= (unsharded - small) / fsdp + small, (sharded, unsharded, small)

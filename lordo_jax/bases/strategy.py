@@ -48,6 +48,8 @@ class BasisStrategy(NamedTuple):
   carry: Callable  # (R, coordinates) -> R applied to them (and to R * R alike).
   coordinates_shape: tuple[int, int]  # r x q (left), p x r (right), r x r (two-sided).
   side: str  # "left" or "right": the axis of the coordinates that is the rank's.
+  # The matrix's (rows, cols) mesh axes -> the coordinates' (the same sharding).
+  coordinates_spec: Callable = lambda matrix_spec: (None, None)
 
 
 class Method(NamedTuple):
