@@ -57,6 +57,7 @@ import optax
 from lordo_jax import bases as bases_lib
 from lordo_jax import checks
 from lordo_jax import routing
+from lordo_jax.bases import layout
 from lordo_jax.quasi_hyperbolic import quasi_hyperbolic_mix
 
 TRANSPORTS = ("rotate", "keep", "reset")
@@ -253,14 +254,24 @@ def _strategy(c: _Config, x, axes) -> bases_lib.BasisStrategy:
   return c.method.strategy(*routing.matrix_shape(x.shape, axes))
 
 
+def _matrix_spec(x, axes) -> tuple:
+  """The mesh axes of the rows and columns of a 2-D leaf's matrix; a reshaped leaf's
+  matrix is taken as whole."""
+  if x.ndim == 2 and axes.normalized(2) == ((0,), (1,)):
+    return layout.spec_of(x)
+  return (None, None)
+
+
 def _init_leaf(c: _Config, x, axes, key) -> LowRankMoments:
   s = _strategy(c, x, axes)
   basis = s.init(key if c.init_projection == "random" else None)
-  # Two buffers, not one twice, so that a caller may donate the state.
-  mu = jnp.zeros(s.coordinates_shape, jnp.float32)
-  nu = jnp.zeros(s.coordinates_shape, jnp.float32)
+  # Sharded like the matrix (Explicit mesh axes); two buffers, so a caller may donate.
+  spec = _matrix_spec(x, axes)
+  mu = layout.zeros(s.coordinates_shape, jnp.float32, s.coordinates_spec(spec))
+  nu = layout.zeros(s.coordinates_shape, jnp.float32, s.coordinates_spec(spec))
   if c.error_feedback:
-    error = jnp.zeros(routing.matrix_shape(x.shape, axes), c.error_feedback_dtype)
+    shape = routing.matrix_shape(x.shape, axes)
+    error = layout.zeros(shape, c.error_feedback_dtype, spec)
   else:
     error = jnp.zeros((0,), jnp.float32)
   return LowRankMoments(basis, mu, nu, error)

@@ -9,6 +9,8 @@ the worker axis only, whatever the sharding inside a worker.
 """
 
 import functools
+import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -45,9 +47,27 @@ METHODS = {
   ),
   "diloco": lambda: lordo_jax.diloco(1e-2, sync_every=2, axis_name=AXIS),
 }
+# A refresh made of products with the split matrix: no first SVD, so no gather at all.
+PRODUCTS_ONLY = {
+  "lordo_subspace_iteration_random": lambda: lordo_jax.lordo(
+    1e-2,
+    rank=2,
+    sync_every=2,
+    axis_name=AXIS,
+    projection="subspace_iteration",
+    init_projection="random",
+  ),
+}
 # Inside a worker: FSDP splits each matrix along one dimension; with a "tp" axis the
 # MLP is tensor-parallel too (up's columns and down's rows, Megatron style).
 FSDP_SPECS = {"up": P(AXIS, "fsdp", None), "down": P(AXIS, None, "fsdp"), "bias": P(AXIS, "fsdp")}
+# Each matrix split along the dimension its basis spans (rows on the left, columns on
+# the right): subspace iteration's n x r factor stays split (Cholesky-QR2).
+BASIS_SPLIT_SPECS = {
+  "up": P(AXIS, None, "fsdp"),
+  "down": P(AXIS, "fsdp", None),
+  "bias": P(AXIS, "fsdp"),
+}
 TP_SPECS = {"up": P(AXIS, "fsdp", "tp"), "down": P(AXIS, "tp", "fsdp"), "bias": P(AXIS, "tp")}
 
 
@@ -93,13 +113,14 @@ def _one_worker(fn):
   return body
 
 
-def run(method: str, mesh, specs):
+def run(method: str, mesh, specs, host: bool = True):
   """STEPS steps of ``method`` on ``mesh``; params placed by ``specs``.
 
   The state is made by ``tx.init`` inside the same ``shard_map`` as the step, so
-  that it follows the parameters' shardings. Returns (params, state), on the host.
+  that it follows the parameters' shardings. Returns (params, state): params on the
+  host, or both as they lie on the devices (``host=False``).
   """
-  tx = METHODS[method]()
+  tx = {**METHODS, **PRODUCTS_ONLY}[method]()
   workers = mesh.shape[AXIS]
   manual = functools.partial(
     jax.shard_map, mesh=mesh, in_specs=P(AXIS), out_specs=P(AXIS), axis_names={AXIS}
@@ -125,7 +146,7 @@ def run(method: str, mesh, specs):
   for name, spec in specs.items():  # Still sharded as placed (trailing Nones aside).
     placed = tuple(params[name].sharding.spec) + (None,) * params[name].ndim
     assert placed[: params[name].ndim] == (tuple(spec) + (None,) * 3)[: params[name].ndim]
-  return jax.device_get(params), state
+  return (jax.device_get(params) if host else params), state
 
 
 @functools.cache
@@ -160,3 +181,104 @@ def test_four_workers_times_two_way_fsdp_match_the_unsharded_run(method, axis_ty
 def test_two_workers_times_fsdp_times_tensor_parallel_match_the_unsharded_run(method, axis_type):
   mesh = jax.make_mesh((2, 2, 2), (AXIS, "fsdp", "tp"), axis_types=(axis_type,) * 3)
   _assert_same_run(method, mesh, TP_SPECS)
+
+
+def _bytes_on(device, tree, keep=lambda path, leaf: True) -> int:
+  """Bytes of the shards of ``tree``'s leaves that ``device`` holds (those ``keep`` picks)."""
+  total = 0
+  for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
+    if keep(jax.tree_util.keystr(path), leaf):
+      total += sum(s.data.nbytes for s in leaf.addressable_shards if s.device == device)
+  return total
+
+
+def _small(path: str, leaf) -> bool:
+  """A basis (``n x r`` or r frequencies) or a leaf of at most 8 numbers a worker."""
+  return "basis" in path or leaf.size <= 8 * leaf.shape[0]
+
+
+@pytest.mark.parametrize(
+  "method", ["lordo_svd", "lordo_dct", "low_rank_ddp", "ddp", "diloco", "lordo_two_sided"]
+)
+def test_the_state_of_a_sharded_parameter_is_sharded_like_it(method):
+  """Per device, the state is 1/F of a whole worker's, but for the bases and scalars.
+
+  Measured from the arrays' shards after the run: the anchor, the error buffers and
+  the full-rank moments split like their parameter, and the low-rank moments along
+  the matrix's kept dimension (the columns on the left, the rows on the right).
+  """
+  fsdp = 2
+  mesh = jax.make_mesh((4, fsdp), (AXIS, "fsdp"))
+  whole_mesh = jax.make_mesh((4,), (AXIS,), devices=jax.devices()[:4])
+  _, state = run(method, mesh, FSDP_SPECS, host=False)
+  _, whole = run(method, whole_mesh, {name: P(AXIS) for name in _params()}, host=False)
+  device, whole_device = mesh.devices.flat[0], whole_mesh.devices.flat[0]
+  sharded, unsharded = _bytes_on(device, state), _bytes_on(whole_device, whole)
+  small = _bytes_on(whole_device, whole, _small)
+  assert unsharded - small > small  # Most of the state is in the big leaves.
+  assert sharded <= (unsharded - small) / fsdp + small, (sharded, unsharded, small)
+
+
+@pytest.mark.parametrize("axis_type", [AxisType.Explicit, AxisType.Auto], ids=["explicit", "auto"])
+@pytest.mark.parametrize("method", ["lordo_subspace_iteration", "lordo_subspace_iteration_random"])
+def test_subspace_iteration_on_a_split_basis_dimension_matches_the_unsharded_run(method, axis_type):
+  """The n x r factor stays split by rows: Cholesky-QR2 instead of a gathered QR."""
+  mesh = jax.make_mesh((4, 2), (AXIS, "fsdp"), axis_types=(axis_type,) * 2)
+  _assert_same_run(method, mesh, BASIS_SPLIT_SPECS)
+
+
+def full_matrix_gathers(hlo: str, shapes) -> list[str]:
+  """The all-gathers in ``hlo`` whose result has as many elements as a ``p x q`` matrix."""
+  sizes = {p * q for p, q in shapes}
+  found = []
+  for line in hlo.splitlines():
+    match = re.search(r"= \w+\[([0-9,]*)\]\S* all-gather(-start)?\(", line)
+    if match and math.prod(int(d) for d in match.group(1).split(",") if d) in sizes:
+      found.append(line.strip()[:160])
+  return found
+
+
+def test_the_gather_finder_sees_a_gather():
+  line = "  %all-gather.1 = f32[16,24]{1,0} all-gather(f32[16,12]{1,0} %x), dimensions={1}"
+  assert full_matrix_gathers(line, [(16, 24)]) and not full_matrix_gathers(line, [(8, 8)])
+
+
+def optimizer_step_hlo(method: str, mesh, specs, optimizer: bool = True) -> str:
+  """The compiled HLO of one worker step of the optimizer alone: ``update`` on given
+  gradients, then ``apply_updates`` (``optimizer=False``: a step that returns its
+  inputs, to see what the ``shard_map`` boundary itself adds)."""
+  tx = {**METHODS, **PRODUCTS_ONLY}[method]()
+  manual = functools.partial(
+    jax.shard_map, mesh=mesh, in_specs=P(AXIS), out_specs=P(AXIS), axis_names={AXIS}
+  )
+
+  def step(grads, state, params):
+    if not optimizer:
+      return params, state
+    updates, state = tx.update(grads, state, params)
+    return optax.apply_updates(params, updates), state
+
+  params = jax.tree.map(
+    lambda a, spec: jax.device_put(jnp.stack([a] * 4), jax.NamedSharding(mesh, spec)),
+    _params(),
+    specs,
+  )
+  state = jax.jit(manual(_one_worker(tx.init)))(params)
+  compiled = jax.jit(manual(_one_worker(step))).lower(params, state, params).compile()
+  return compiled.as_text()
+
+
+@pytest.mark.parametrize("specs", [FSDP_SPECS, BASIS_SPLIT_SPECS], ids=["fsdp", "basis_split"])
+def test_a_products_only_refresh_never_gathers_a_matrix(specs):
+  """The compiled optimizer step (local and sync branches) adds no all-gather of a
+  p x q matrix to those of a step that does nothing (JAX 0.10's partially manual
+  ``shard_map`` gathers every split input at its boundary; JAX 0.12 does not); the
+  SVD refresh does add some (the check can fail)."""
+  mesh = jax.make_mesh((4, 2), (AXIS, "fsdp"))
+  shapes = [a.shape for a in _params().values() if a.ndim == 2]
+  boundary = full_matrix_gathers(optimizer_step_hlo("ddp", mesh, specs, optimizer=False), shapes)
+  products = full_matrix_gathers(
+    optimizer_step_hlo("lordo_subspace_iteration_random", mesh, specs), shapes
+  )
+  svd = full_matrix_gathers(optimizer_step_hlo("lordo_svd", mesh, specs), shapes)
+  assert len(products) <= len(boundary) < len(svd), (products, boundary, svd)

@@ -1,4 +1,5 @@
-r"""Matrices sharded over a mesh's ``Explicit`` axes, made whole where an op needs it.
+r"""Matrices sharded over a mesh's ``Explicit`` axes: whole where an op needs it, and
+state laid out like them.
 
 Under ``jax.shard_map(..., axis_names={worker axis})`` on a mesh whose other axes
 (FSDP, tensor parallelism) have ``Explicit`` type, an array's sharding is part of its
@@ -6,9 +7,17 @@ type, and LAPACK-backed ops (``svd``, ``qr``) refuse a sharded operand.
 :func:`whole` gathers such an operand over those axes inside the worker group (the
 fast links; no message between workers, nothing in the ledger). With ``Auto`` axes,
 or none, it changes nothing: the compiler places the data.
+
+:func:`product` multiplies sharded matrices, summing a split inner dimension inside
+the worker group, and :func:`orthonormal` is a QR that needs no gather of a
+row-split ``n x r`` factor (Cholesky-QR2). :func:`spec_of` reads the axes each
+dimension is split over from the type, and
+:func:`zeros` makes a state buffer split the same way, so that ``tx.init`` of a
+sharded parameter gives state sharded like it.
 """
 
 import jax
+import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
 
@@ -23,3 +32,62 @@ def whole(x: jax.Array) -> jax.Array:
   if not is_sharded(x):
     return x
   return jax.sharding.reshard(x, PartitionSpec())
+
+
+def spec_of(x: jax.Array) -> tuple:
+  """The mesh axes each dimension of ``x`` is split over (``None``: whole), from its type."""
+  spec = tuple(getattr(jax.typeof(x).sharding, "spec", ()))
+  return spec + (None,) * (x.ndim - len(spec))
+
+
+def zeros(shape: tuple[int, ...], dtype, spec: tuple) -> jax.Array:
+  """Zeros of ``shape``, each dimension split over the mesh axes ``spec`` names."""
+  if all(axes is None for axes in spec):
+    return jnp.zeros(shape, dtype)
+  return jnp.zeros(shape, dtype, out_sharding=PartitionSpec(*spec))
+
+
+def product(a: jax.Array, b: jax.Array) -> jax.Array:
+  """``a @ b``; where both split their inner dimension over the same mesh axis, the
+  partial products are summed inside the worker group (an all-reduce of the result,
+  never a gather of an operand)."""
+  rows, inner, cols = spec_of(a)[0], spec_of(a)[1], spec_of(b)[1]
+  if inner is None or inner != spec_of(b)[0]:
+    return a @ b
+  return jnp.matmul(a, b, out_sharding=PartitionSpec(rows, None if cols == rows else cols))
+
+
+def orthonormal(y: jax.Array) -> jax.Array:
+  r"""An orthonormal basis of the columns of the ``n x r`` matrix ``y``: its QR's Q.
+
+  An unsplit ``y`` takes LAPACK's Householder QR. A ``y`` split by rows takes
+  Cholesky-QR2 instead, made of products and ``r x r`` factorizations only:
+
+  .. math::
+    R_1 = \mathrm{chol}(Y^\top Y)^\top, \quad Q_1 = Y R_1^{-1}, \qquad
+    R_2 = \mathrm{chol}(Q_1^\top Q_1)^\top, \quad Q = Q_1 R_2^{-1}
+
+  (the second pass restores orthogonality to working precision when ``y`` is well
+  conditioned, as the products of subspace iteration are). The same span and, after
+  :func:`~lordo_jax.bases.strategy.canonical_signs`, the same basis up to rounding.
+  """
+  if not is_sharded(y):
+    return jnp.linalg.qr(y)[0]
+  for _ in range(2):
+    gram = product(y.T, y)
+    upper = jnp.linalg.cholesky(gram).T
+    y = jax.scipy.linalg.solve_triangular(upper.T, y.T, lower=True).T
+  return y
+
+
+def row_indices(x: jax.Array) -> jax.Array:
+  """``i`` at every ``(i, j)`` of the matrix ``x``, int32, split like ``x``."""
+  sharding = jax.typeof(x).sharding if is_sharded(x) else None
+  return jax.lax.broadcasted_iota(jnp.int32, x.shape, 0, out_sharding=sharding)
+
+
+def like(x: jax.Array, reference: jax.Array) -> jax.Array:
+  """``x`` split over the mesh axes ``reference`` is split over (a no-op where they agree)."""
+  if spec_of(x) == spec_of(reference) or not (is_sharded(x) or is_sharded(reference)):
+    return x
+  return jax.sharding.reshard(x, PartitionSpec(*spec_of(reference)))

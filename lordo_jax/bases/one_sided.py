@@ -77,6 +77,7 @@ def strategy(
     carry=carry,
     coordinates_shape=(rank, q) if left else (p, rank),
     side="left" if left else "right",
+    coordinates_spec=(lambda spec: (None, spec[1])) if left else (lambda spec: (spec[0], None)),
   )
 
 

@@ -48,6 +48,8 @@ class BasisStrategy(NamedTuple):
   carry: Callable  # (R, coordinates) -> R applied to them (and to R * R alike).
   coordinates_shape: tuple[int, int]  # r x q (left), p x r (right), r x r (two-sided).
   side: str  # "left" or "right": the axis of the coordinates that is the rank's.
+  # The matrix's (rows, cols) mesh axes -> the coordinates' (the same sharding).
+  coordinates_spec: Callable = lambda matrix_spec: (None, None)
 
 
 class Method(NamedTuple):
@@ -72,26 +74,27 @@ class Options(NamedTuple):
 def canonical_signs(q: jax.Array) -> jax.Array:
   """Flips each column of ``q`` so that its largest-magnitude entry is positive."""
   rows = jnp.argmax(jnp.abs(q), axis=0)
-  pivots = jnp.take_along_axis(q, rows[None, :], axis=0)
+  # The pivot of each column as a masked sum, not a gather: q may be split by rows.
+  at_pivot = layout.row_indices(q) == rows[None, :]
+  pivots = jnp.sum(q * at_pivot.astype(q.dtype), axis=0)
   return q * jnp.where(pivots < 0, -1.0, 1.0).astype(q.dtype)
 
 
 def checked(basis: Any, previous: Any) -> tuple[Any, jax.Array]:
-  """``(basis, ok)``: ``ok`` is true where every entry is finite; else ``previous``."""
+  """``(basis, ok)``: ``ok`` is true where every entry is finite; else ``previous``.
+
+  The basis is laid out as ``previous`` is (its sharding over ``Explicit`` mesh axes).
+  """
   finite = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(basis)]
   ok = finite[0]
   for more in finite[1:]:
     ok = ok & more
-  return jax.tree.map(lambda new, old: jnp.where(ok, new, old), basis, previous), ok
+  keep = lambda new, old: jnp.where(ok, layout.like(new, old), old)  # noqa: E731
+  return jax.tree.map(keep, basis, previous), ok
 
 
 def new_basis(strategy: BasisStrategy, matrix, previous, key, first) -> tuple[Any, jax.Array]:
-  """``(basis, ok)`` of one refresh; ``first`` (bool, or a traced bool) picks ``first``.
-
-  A matrix sharded over ``Explicit`` mesh axes is gathered first
-  (:func:`lordo_jax.bases.layout.whole`).
-  """
-  matrix = layout.whole(matrix)
+  """``(basis, ok)`` of one refresh; ``first`` (bool, or a traced bool) picks ``first``."""
   exact = strategy.first or strategy.compute
   if first is True:
     return exact(matrix, previous, key)

@@ -14,6 +14,7 @@ first basis has no previous one to start from: it is an exact SVD
 import jax
 import jax.numpy as jnp
 
+from lordo_jax.bases import layout
 from lordo_jax.bases import one_sided
 from lordo_jax.bases import strategy as strategy_lib
 from lordo_jax.bases import svd
@@ -22,7 +23,11 @@ from lordo_jax.bases import svd
 def iterate(x: jax.Array, q: jax.Array, iterations: int, left: bool) -> jax.Array:
   """``iterations`` steps of subspace iteration from ``q``, then canonical signs."""
   for _ in range(iterations):
-    q, _ = jnp.linalg.qr(x @ (x.T @ q) if left else x.T @ (x @ q))
+    if left:
+      y = layout.product(x, layout.product(x.T, q))
+    else:
+      y = layout.product(x.T, layout.product(x, q))
+    q = layout.orthonormal(y)
   return strategy_lib.canonical_signs(q)
 
 

@@ -13,13 +13,14 @@ copy whole matrices on every local step).
 import jax
 import jax.numpy as jnp
 
+from lordo_jax.bases import layout
 from lordo_jax.bases import one_sided
 from lordo_jax.bases import strategy as strategy_lib
 
 
 def top_singular_vectors(x: jax.Array, rank: int, left: bool) -> jax.Array:
   """The first ``rank`` left (or right) singular vectors of ``x``, canonical signs."""
-  u, _, vh = jnp.linalg.svd(x, full_matrices=False)
+  u, _, vh = jnp.linalg.svd(layout.whole(x), full_matrices=False)  # Gathers a split x.
   return strategy_lib.canonical_signs(u[:, :rank] if left else vh[:rank].T)
 
 

@@ -9,13 +9,14 @@ each with canonical signs, in float32 whatever the parameter dtype.
 import jax
 import jax.numpy as jnp
 
+from lordo_jax.bases import layout
 from lordo_jax.bases import strategy as strategy_lib
 from lordo_jax.bases import two_sided
 
 
 def top_singular_vectors(x: jax.Array, rank: int) -> two_sided.TwoSidedBasis:
   """The top-r left and right singular vectors of X, canonical signs each."""
-  u, _, vh = jnp.linalg.svd(x.astype(jnp.float32), full_matrices=False)
+  u, _, vh = jnp.linalg.svd(layout.whole(x).astype(jnp.float32), full_matrices=False)
   return two_sided.TwoSidedBasis(
     strategy_lib.canonical_signs(u[:, :rank]), strategy_lib.canonical_signs(vh[:rank].T)
   )
