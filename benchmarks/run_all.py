@@ -6,7 +6,9 @@ r"""Regenerates every table and plot behind BENCHMARKS.md, one study after anoth
 
 Each study is its own script, run in a subprocess (each sets up its own simulated
 devices): ``quality.py`` (trains, or reads its cached runs), then
-``time_to_target.py`` (reads the quality study's runs), ``extensions.py``
+``time_to_target.py`` (reads the quality study's runs), ``accelerator_model.py``
+(utilisation and time to target on H100s against bandwidth, from the ledger on GPT-2
+shapes and the full study's ``time_to_target.json``), ``extensions.py``
 (compressed, streamed, two-sided and adaptive syncs, at the quality study's best
 learning rates), then the optimizer-step
 studies ``step_speed.py``, ``step_overhead.py`` and ``memory.py`` where present.
@@ -24,7 +26,15 @@ import time
 
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent
-STUDIES = ("quality", "time_to_target", "extensions", "step_speed", "step_overhead", "memory")
+STUDIES = (
+  "quality",
+  "time_to_target",
+  "accelerator_model",
+  "extensions",
+  "step_speed",
+  "step_overhead",
+  "memory",
+)
 RESULTS = HERE / "results"
 QUICK_RESULTS = ROOT / "runs" / "benchmarks_quick"
 

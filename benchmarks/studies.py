@@ -32,10 +32,13 @@ QUICK_RESULTS = ROOT / "runs" / "benchmarks_quick"
 MALLOC_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
 
 
-def parse_args(doc: str, quick_help: str, argv=None) -> argparse.Namespace:
+def parse_args(doc: str, quick_help: str, argv=None, extra=None) -> argparse.Namespace:
   """``--quick`` and ``--out``; ``out`` is resolved to its default. ``doc``: the
-  study's module docstring (its first paragraph describes the command)."""
+  study's module docstring (its first paragraph describes the command); ``extra``: a
+  function that adds the study's own options to the parser."""
   parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+  if extra is not None:
+    extra(parser)
   parser.add_argument("--quick", action="store_true", help=quick_help)
   parser.add_argument(
     "--out",
@@ -122,6 +125,7 @@ def machine() -> dict[str, Any]:
 def command(script: str, args: argparse.Namespace) -> str:
   """The command that reproduces a result (with ``--out`` when it is not the default)."""
   line = f"python benchmarks/{script}" + (" --quick" if args.quick else "")
+  line += "".join(f" {flag}" for flag in getattr(args, "flags", ()))  # The study's own.
   if args.out.resolve() not in (RESULTS.resolve(), QUICK_RESULTS.resolve()):
     line += f" --out {os.path.relpath(args.out, ROOT)}"
   return " ".join([malloc_settings(), line]).strip()

@@ -1,6 +1,7 @@
 r"""Train a byte-level transformer LM with LoRDO and its baselines on simulated workers.
 
     python3 examples/main.py                      # LoRDO, low-rank DDP, DDP, DiLoCo
+    python3 examples/main.py --lr 2e-3            # every method at one learning rate
     python3 examples/main.py --methods lordo,ddp --steps 200 --workers 4
     python3 examples/main.py --text my_book.txt --preset base
     python3 examples/main.py --param-dtype bfloat16       # bf16 params, f32 moments
@@ -13,6 +14,13 @@ Every run trains the same model from the same initialisation on the same data, w
 validation loss and the bytes each worker all-reduced (read from the optimizer
 state's ledger). At the end it prints a table and writes ``results.json``,
 ``val_loss_vs_step.png`` and ``val_loss_vs_bytes.png`` into ``--out``.
+
+Each method trains at its own tuned peak learning rate (the best of the quality
+study's sweep, ``lm.tuned.TUNED_LEARNING_RATES``) unless ``--lr`` sets one for
+all. Next to what each method sent, the table shows the other side of the trade:
+the bandwidth per worker at which the method keeps 90% of an accelerator's compute
+busy when training GPT-2 small (124M) on 8 H100s, from
+``benchmarks/accelerator_model.py`` (read from ``lm/bandwidth_gpt2_small.json``).
 
 Losses are in nats per byte; the unigram entropy of the text (the best loss of a
 model that ignores context) is printed for reference.
@@ -51,7 +59,15 @@ class UsageError(ValueError):
   """A bad option; the message says what to change."""
 
 
+def lm_module(name: str):
+  """``lm.<name>``, imported as this file is run: as a script or in the package."""
+  import importlib
+
+  return importlib.import_module(f".lm.{name}" if __package__ else f"lm.{name}", __package__)
+
+
 def parse_args(argv=None) -> argparse.Namespace:
+  tuned = lm_module("tuned").TUNED_LEARNING_RATES
   parser = argparse.ArgumentParser(
     prog="examples/main.py",
     description=(
@@ -103,8 +119,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     help="model size: tiny (d=32, 1 layer; seconds), small (d=128, 2 layers), "
     "base (d=256, 4 layers; slow on CPU)",
   )
-  add("--lr", type=float, default=2e-3, help="peak learning rate (warmup, cosine decay)")
-  add("--warmup", type=int, default=20, help="learning-rate warmup steps")
+  add(
+    "--lr",
+    type=float,
+    default=None,
+    help="peak learning rate of every method (warmup, cosine decay to a tenth); default: "
+    "each method at its tuned rate, the best of the quality study's sweep (BENCHMARKS.md): "
+    + ", ".join(f"{m} {lr:g}" for m, lr in tuned.items()),
+  )
+  add(
+    "--warmup",
+    type=int,
+    default=32,
+    help="learning-rate warmup steps (32: the quality study's, where the rates were tuned)",
+  )
   add(
     "--schedule",
     choices=("cosine", "constant"),
@@ -197,7 +225,7 @@ def check_args(args: argparse.Namespace) -> None:
     raise UsageError("--eval-every and --eval-windows must be positive; use 1 or more.")
   if args.clip_norm is not None and not args.clip_norm > 0:
     raise UsageError(f"--clip-norm {args.clip_norm} is not allowed; use a positive norm.")
-  if not args.lr > 0:
+  if args.lr is not None and not args.lr > 0:
     raise UsageError(f"--lr {args.lr} is not allowed; use a positive learning rate.")
   if args.workers > args.devices:
     raise UsageError(
@@ -259,6 +287,7 @@ def main(argv=None) -> int:
     from .lm import optimizers
     from .lm import report
     from .lm import train
+    from .lm import tuned
   else:
     from lm import checkpoints
     from lm import data
@@ -266,6 +295,7 @@ def main(argv=None) -> int:
     from lm import optimizers
     from lm import report
     from lm import train
+    from lm import tuned
 
   model_config = model.PRESETS[args.preset]
   try:
@@ -281,7 +311,13 @@ def main(argv=None) -> int:
       name=name,
     )
     config = make_config(args, rank, train)
-    warm_config = warm_start_plan(args, config, model_config, dataset, checkpoints)
+    warm_config = warm_start_plan(
+      args,
+      learning_rate_config(config, args.lr, args.warm_start_method, tuned),
+      model_config,
+      dataset,
+      checkpoints,
+    )
     if warm_config is not None:
       config = dataclasses.replace(
         config,
@@ -289,7 +325,8 @@ def main(argv=None) -> int:
         warm_start_step=args.warm_start_steps,
         warm_start_moments=args.warm_start_moments,
       )
-    configs = resume_plan(args, methods, config, model_config, dataset, checkpoints)
+    configs = {m: learning_rate_config(config, args.lr, m, tuned) for m in methods}
+    configs = resume_plan(args, configs, model_config, dataset, checkpoints)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
   except (UsageError, data.DataError, checkpoints.ResumeError) as error:
@@ -329,6 +366,7 @@ def main(argv=None) -> int:
     "command": " ".join(sys.argv),
     "args": vars(args),
     "train_config": dataclasses.asdict(config),
+    "learning_rates": {m: c.learning_rate for m, c in configs.items()},
     "model_config": dataclasses.asdict(model_config),
     "data": {
       "name": dataset.name,
@@ -344,7 +382,8 @@ def main(argv=None) -> int:
   title = f"{args.preset} byte LM on {pathlib.Path(dataset.name).name}, {args.workers} workers"
   plots = report.plot(out, results, dataset.unigram_entropy, title=title)
   print()
-  print(report.table(results, dataset.unigram_entropy))
+  learning_rates = {m: c.learning_rate for m, c in configs.items()}
+  print(report.table(results, dataset.unigram_entropy, learning_rates, tuned.bandwidth_table()))
   written = ", ".join(map(str, [out / report.JSON_NAME, *plots]))
   print(f"total wall time {total:.0f} s; wrote {written}")
   return 0
@@ -418,7 +457,7 @@ def make_config(args: argparse.Namespace, rank: int, train):
     steps=args.steps,
     num_workers=args.workers,
     batch_size=args.batch,
-    learning_rate=args.lr,
+    learning_rate=args.lr or train.TrainConfig.learning_rate,
     warmup_steps=args.warmup,
     schedule=args.schedule,
     clip_norm=args.clip_norm,
@@ -435,8 +474,15 @@ def make_config(args: argparse.Namespace, rank: int, train):
   )
 
 
-def resume_plan(args, methods, config, model_config, dataset, checkpoints) -> dict:
-  """Each method's ``TrainConfig``: its checkpoint directory and whether it resumes.
+def learning_rate_config(config, lr: float | None, method: str, tuned):
+  """``config`` at ``lr``, or (``lr`` None) at ``method``'s tuned learning rate."""
+  best = tuned.TUNED_LEARNING_RATES.get(method, config.learning_rate)
+  return dataclasses.replace(config, learning_rate=best if lr is None else lr)
+
+
+def resume_plan(args, configs, model_config, dataset, checkpoints) -> dict:
+  """Each method's ``TrainConfig`` of ``configs``, with its checkpoint directory and
+  whether it resumes.
 
   Raises a UsageError or a ``checkpoints.ResumeError`` (each one line saying what to
   change) for ``--resume`` with no checkpoint of any method, a checkpoint written
@@ -444,7 +490,10 @@ def resume_plan(args, methods, config, model_config, dataset, checkpoints) -> di
   """
   options = method_options(args.option)
   if args.checkpoint_dir is None:
-    return {m: dataclasses.replace(config, optimizer_options=options.get(m, ())) for m in methods}
+    return {
+      m: dataclasses.replace(c, optimizer_options=options.get(m, ())) for m, c in configs.items()
+    }
+  methods = list(configs)
   root = pathlib.Path(args.checkpoint_dir)
   found = {m: checkpoints.latest_step(root / m) for m in methods}
   if args.resume and all(step is None for step in found.values()):
@@ -457,10 +506,10 @@ def resume_plan(args, methods, config, model_config, dataset, checkpoints) -> di
       else "; train without --resume first, or give the --checkpoint-dir of an earlier run"
     )
     raise UsageError(f"--resume: no checkpoint of {','.join(methods)} in {root}{hint}.")
-  configs = {}
+  configs = dict(configs)
   for method, step in found.items():
     configs[method] = dataclasses.replace(
-      config,
+      configs[method],
       optimizer_options=options.get(method, ()),
       checkpoint_dir=str(root / method),
       resume=args.resume and step is not None,

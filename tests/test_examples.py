@@ -65,17 +65,38 @@ def main_run(tmp_path_factory):
   return proc, out, json.loads((out / "results.json").read_text())
 
 
-def test_main_prints_the_table(main_run):
+@pytest.fixture(scope="module")
+def lm_main():
+  """``examples/main.py`` and the ``lm`` modules it uses, as modules."""
+  sys.path.insert(0, str(EXAMPLES))
+  try:
+    import main
+    from lm import report
+    from lm import train
+    from lm import tuned
+  finally:
+    sys.path.remove(str(EXAMPLES))
+  return main, train, tuned, report
+
+
+def test_main_prints_the_table(main_run, lm_main):
   proc, _, results = main_run
+  _, _, tuned, report = lm_main
   lines = proc.stdout.splitlines()
   header = next(i for i, line in enumerate(lines) if line.startswith("method"))
-  for column in ("val loss (nats)", "sent per worker", "opt. state", "wall time"):
+  columns = ("lr", "val loss (nats)", "sent per worker", "90% busy at", "opt. state", "wall time")
+  for column in columns:
     assert column in lines[header]
   methods = [r["method"] for r in results["results"]]
   assert {"lordo", "ddp"} <= set(methods)
+  busy = tuned.bandwidth_table()["gbit_for"]
   for offset, method in enumerate(methods, start=2):
-    assert lines[header + offset].split()[0] == method
+    row = lines[header + offset]
+    assert row.split()[:2] == [method, "0.005"]  # --lr 5e-3: every method at it.
+    assert f"  {report.gbit(busy[method]['0.9'])}  " in row
+  assert results["learning_rates"] == dict.fromkeys(methods, 5e-3)
   assert "unigram entropy of the text" in proc.stdout
+  assert "90% busy at: the bandwidth per worker" in proc.stdout
   assert "lordo" in proc.stderr  # The tqdm progress bars.
 
 
@@ -143,9 +164,32 @@ def test_metrics_from_the_optimizer_state(main_run):
   assert ddp["evals"][-1]["rounds"] == STEPS
 
 
-def test_main_help_documents_every_option():
+def test_each_method_at_its_tuned_learning_rate(lm_main):
+  """Without --lr each method trains at the best rate of the quality study's sweep, on
+  the study's settings (the main command's defaults); --lr sets one for all."""
+  main, train, tuned, _ = lm_main
+  study = json.loads((ROOT / "benchmarks" / "results" / "quality.json").read_text())
+  best = study["best_lr"]
+  assert tuned.TUNED_LEARNING_RATES == {m: best[m] for m in tuned.TUNED_LEARNING_RATES}
+  args = main.parse_args([])
+  assert args.lr is None
+  settings = study["study"]
+  assert (args.preset, args.steps, args.batch, args.sync_every, args.warmup) == (
+    settings["preset"], settings["steps"], settings["batch_size"], settings["sync_every"],
+    settings["warmup_steps"],
+  )  # fmt: skip
+  config = main.make_config(args, settings["rank"], train)
+  for method, lr in tuned.TUNED_LEARNING_RATES.items():
+    assert main.learning_rate_config(config, None, method, tuned).learning_rate == lr
+    assert main.learning_rate_config(config, 3e-3, method, tuned).learning_rate == 3e-3
+
+
+def test_main_help_documents_every_option(lm_main):
   proc = run("main.py", "--help", timeout=60)
   assert proc.returncode == 0
+  help_text = " ".join(proc.stdout.split())
+  for method, lr in lm_main[2].TUNED_LEARNING_RATES.items():
+    assert f"{method} {lr:g}" in help_text
   for option in (
     "--methods", "--workers", "--rank", "--sync-every", "--steps", "--seed", "--preset",
     "--lr", "--batch", "--out", "--text", "--devices", "--param-dtype", "--checkpoint-dir",

@@ -23,21 +23,39 @@ def human_bytes(n: float) -> str:
   raise AssertionError
 
 
-def table(results: Sequence[train_lib.RunResult], unigram_entropy: float) -> str:
+def gbit(x: float | None) -> str:
+  """``52.47`` -> ``"52 Gbit/s"``, ``0.734`` -> ``"0.73 Gbit/s"``; None -> ``"never"``."""
+  return "never" if x is None else f"{x:.2g} Gbit/s" if x < 10 else f"{x:.0f} Gbit/s"
+
+
+def table(
+  results: Sequence[train_lib.RunResult],
+  unigram_entropy: float,
+  learning_rates: dict[str, float] | None = None,
+  bandwidth: dict[str, Any] | None = None,
+) -> str:
   """The comparison table.
 
-  "sent per worker" is the payload each worker all-reduced over the whole run, from
-  the optimizer state's ledger. The optimizer state is one worker's, split as
-  ``lordo_jax.state_bytes`` splits it: what is used every step and must live on the
-  accelerator, and what is touched only at a sync and may live in host memory.
+  "lr" is the run's peak learning rate (``learning_rates``). "sent per worker" is the
+  payload each worker all-reduced over the whole run, from the optimizer state's
+  ledger. "90% busy at" is the bandwidth per worker at which the method keeps 90% of
+  an accelerator's compute busy on GPT-2 small (``bandwidth``: the table of
+  ``tuned.bandwidth_table``), the other side of the trade. The optimizer state is one
+  worker's, split as ``lordo_jax.state_bytes`` splits it: what is used every step and
+  must live on the accelerator, and what is touched only at a sync and may live in
+  host memory.
   """
   reference = next((r for r in results if r.method == "ddp"), None)
+  learning_rates = learning_rates or {}
+  gbit_for = (bandwidth or {}).get("gbit_for", {})
   header = (
     "method",
+    "lr",
     "val loss (nats)",
     "bits/byte",
     "sent per worker",
     "vs ddp",
+    "90% busy at",
     "opt. state: device",
     "host",
     "wall time",
@@ -49,13 +67,16 @@ def table(results: Sequence[train_lib.RunResult], unigram_entropy: float) -> str
       ratio = f"{reference.communicated_bytes / r.communicated_bytes:.1f}x less"
       if r.method == "ddp":
         ratio = "1x"
+    lr = learning_rates.get(r.method)
     rows.append(
       (
         r.method,
+        "-" if lr is None else f"{lr:g}",
         f"{r.final_val_loss:.3f}",
         f"{r.final_val_loss / math.log(2):.3f}",
         human_bytes(r.communicated_bytes),
         ratio,
+        gbit(gbit_for[r.method]["0.9"]) if r.method in gbit_for else "-",
         human_bytes(r.state_bytes.get("device", r.state_bytes["total"])),
         human_bytes(r.state_bytes.get("host", 0)),
         f"{r.wall_time_s:.0f} s",
@@ -68,6 +89,12 @@ def table(results: Sequence[train_lib.RunResult], unigram_entropy: float) -> str
     f"unigram entropy of the text: {unigram_entropy:.3f} nats "
     f"({unigram_entropy / math.log(2):.3f} bits) per byte"
   )
+  if gbit_for:
+    lines.append(
+      f"90% busy at: the bandwidth per worker at which the method keeps 90% of the compute "
+      f"busy training {bandwidth['model']}: {bandwidth['assumptions']} "
+      f"({bandwidth['generated_by']}; BENCHMARKS.md)"
+    )
   return "\n".join(lines)
 
 

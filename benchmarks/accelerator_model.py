@@ -1,0 +1,694 @@
+r"""Compute utilisation and time to target of every method on accelerators, by bandwidth.
+
+    python benchmarks/accelerator_model.py            # GPT-2 124M, 355M, 774M; r = d/4 and 32
+    python benchmarks/accelerator_model.py --small-only  # GPT-2 124M at r = d/4 only
+    python benchmarks/accelerator_model.py --quick    # GPT-2 124M: DDP and DiLoCo only
+
+Nothing is trained. ``time_to_target.py`` times the workers simulated on 2 CPU cores,
+~1000x slower than an accelerator, so there communication never matters; here the
+compute of a step is what an accelerator would take, and the bytes are the library's
+ledger on the real shapes.
+
+**Compute per step** (:func:`flops_per_token`, :func:`step_seconds`), the PaLM
+(Chowdhery et al. 2022, appendix B) / Chinchilla accounting of the matmul FLOPs of one
+training step, forward and backward:
+
+.. math::
+  F = \text{tokens} \cdot (6 N + 12\, L\, T\, d), \qquad C = F / (\text{peak} \cdot \text{MFU})
+
+with N the parameters that enter a matmul (all but the position embeddings; the tied
+token embedding counts once, as the output layer), L layers, T the context, d the
+width; ``12 L T d`` is the attention scores ``Q K^T`` and ``A V`` (2 T d FLOPs each
+per token and layer forward, x 3 forward + backward), counted without the causal
+mask's halving, as PaLM does. Peak: H100 SXM bf16 dense, 989 TFLOP/s; MFU 40%. A worker
+is one accelerator with 64 sequences x 1024 tokens per step; M = 8 workers make GPT-3's
+0.5M-token batch for all three sizes (Brown et al. 2020, table 2.1). Optimizer compute
+(AdamW, the SVDs of a refresh) is not counted.
+
+**Bytes** (:func:`ledger_profile`): each method's ``tx.update`` on the real parameter
+shapes (the embeddings and one, then two, of the identical blocks: :func:`profiles`
+adds the others), for two periods of its schedule, as one worker of a ``shard_map`` over a
+one-device mesh (with ``axis_name=None`` the ledger counts nothing, since nothing is
+sent); ``lordo_jax.communicated_bytes`` and ``lordo_jax.all_reduce_count`` of the
+state after each step give ``b_s`` and ``a_s``, the payload and the all-reduce calls of
+step s, over the second period (the first holds LoRDO's one-off averaged first
+gradient). XLA drops every floating-point operation (only the counters are outputs),
+so nothing of GPT-2's size is allocated (see ``communication_table.py``). float32
+parameters, as the library sends them (a bf16 payload would halve every byte count).
+
+**Utilisation** (:func:`utilisation`), over one period of P steps, at bandwidth ``W``
+bit/s per worker, with a ring all-reduce among M workers and the overlap ``f``:
+
+.. math::
+  \tau_s = \frac{2 (M-1)}{M} \frac{8\, b_s}{W} + \alpha\, a_s, \qquad
+  U(W) = \frac{P\, C}{\sum_{s=1}^{P} \left(C + \max(0,\ \tau_s - f\, C)\right)}
+
+A step's communication hides under ``f C`` of its computation: ``f = 2/3``, the
+backward pass (4N of the 6N), the overlap of a bucketed gradient all-reduce and the
+assumption of the Streaming DiLoCo simulation, which gives every method this overlap
+("the reduction of gradients or outer gradients is overlapped over the backward pass
+computation"); a local-update method's pseudo-gradient exists only after its last
+local step, so ``f = 0`` is its strict case, also tabulated. ``alpha`` = 50 us per
+all-reduce call. :func:`bandwidth_for` solves ``U(W) = u`` (U rises with W).
+
+**Validation** (:func:`streaming_diloco_check`): with the Streaming DiLoCo
+simulation's assumptions (Douillard et al. 2025, arXiv 2501.18512, table 4: a 1B model,
+bf16 payload of 2 bytes per parameter, 0.1 s per step, M = 2 workers, DiLoCo H = 100,
+reduction overlapped with the backward pass), the model must give the bandwidth
+of 95% utilisation the paper publishes: data-parallel 222 Gbit/s, DiLoCo 23 Gbit/s.
+
+**Time to target** (:func:`time_to_target`): the steps DDP takes times the method's
+steps-to-target ratio, times the period's mean step time ``C / U(W)``. The ratios are
+the LM quality study's (``time_to_target.json``: the first eval step at which a
+method's seed-mean validation loss is at or below the target, over DDP's), at the
+target every method reaches (the worst final loss) and at the one DDP and LoRDO
+reach; DDP's steps are a Chinchilla budget, 20 tokens per parameter, in 0.5M-token
+steps. The ratios were measured on a 0.47M-parameter model: carrying them to GPT-2
+scale is an assumption, not a measurement. :func:`faster_than` finds the bandwidth
+below (or above) which a method reaches the target before DDP.
+
+``--examples-table PATH`` also writes :func:`examples_table`, the 90% / 95% bandwidths
+of GPT-2 small that ``examples/main.py`` prints (shipped as
+``examples/lm/bandwidth_gpt2_small.json``).
+"""
+
+import functools
+import json
+import math
+import pathlib
+import sys
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+
+import communication_table  # noqa: E402
+import studies  # noqa: E402
+
+import lordo_jax  # noqa: E402
+
+PEAK_FLOPS = 989e12  # H100 SXM, bf16 dense.
+MFU = 0.4
+WORKERS = 8
+TOKENS_PER_STEP = 64 * 1024  # Per worker; x 8 workers = 2^19, GPT-3's 0.5M batch.
+OVERLAP = 2 / 3  # The backward pass: 4N of the 6N FLOPs per token.
+ALPHA_S = 50e-6
+K = 16  # The quality study's sync_every.
+T = 16  # The quality study's refresh_every (low-rank DDP).
+CHINCHILLA_TOKENS_PER_PARAM = 20
+BANDWIDTHS_GBIT = (0.1, 0.3, 1, 3, 10, 30, 100, 400)
+TIME_BANDWIDTHS_GBIT = (1, 10, 100)
+UTILISATIONS = (0.9, 0.95)
+AXIS = communication_table.AXIS
+RATIOS_FILE = studies.RESULTS / "time_to_target.json"
+# The Streaming DiLoCo paper's table 4 (Gbit/s for 95% compute utilisation, 1B model).
+PAPER = {"data_parallel_gbit": 222.0, "diloco_gbit": 23.0, "utilisation": 0.95}
+
+
+class Config(NamedTuple):
+  """A GPT-2 family transformer (Hugging Face layout, tied output layer)."""
+
+  name: str  # Its name in the tables.
+  n_layer: int  # L, transformer blocks.
+  d_model: int  # d, the width.
+  n_head: int  # Attention heads (FLOPs and bytes do not depend on them).
+  vocab: int = 50257  # Token embedding rows, also the output layer.
+  context: int = 1024  # T, positions.
+
+
+GPT2_SMALL = Config("GPT-2 124M", 12, 768, 12)
+GPT2_MEDIUM = Config("GPT-2 355M", 24, 1024, 16)
+# "720M": GPT-2 large, the family's published 36 x 1280 (708M parameters without
+# embeddings, 774M with), as the issue suggests, rather than an invented shape.
+GPT2_LARGE = Config("GPT-2 774M", 36, 1280, 20)
+CONFIGS = (GPT2_SMALL, GPT2_MEDIUM, GPT2_LARGE)
+
+
+def param_shapes(config: Config, embeddings: bool = True) -> dict:
+  """The parameters of ``config`` as float32 ShapeDtypeStructs, Hugging Face layout.
+
+  Per layer ``c_attn`` d x 3d, ``attn.c_proj`` d x d, ``mlp.c_fc`` d x 4d,
+  ``mlp.c_proj`` 4d x d, their biases and two layer norms; the final layer norm; token
+  (vocab x d) and position (context x d) embeddings. For GPT-2 small it is
+  ``communication_table.gpt2_small_shapes``.
+  """
+  d = config.d_model
+  f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)  # noqa: E731
+  layer = {
+    "ln_1": {"scale": f32(d), "bias": f32(d)},
+    "attn": {
+      "c_attn": {"kernel": f32(d, 3 * d), "bias": f32(3 * d)},
+      "c_proj": {"kernel": f32(d, d), "bias": f32(d)},
+    },
+    "ln_2": {"scale": f32(d), "bias": f32(d)},
+    "mlp": {
+      "c_fc": {"kernel": f32(d, 4 * d), "bias": f32(4 * d)},
+      "c_proj": {"kernel": f32(4 * d, d), "bias": f32(d)},
+    },
+  }
+  params = {"h": [layer] * config.n_layer, "ln_f": {"scale": f32(d), "bias": f32(d)}}
+  if embeddings:
+    params.update(wte=f32(config.vocab, d), wpe=f32(config.context, d))
+  return params
+
+
+def n_params(config: Config) -> int:
+  """All parameters of ``config``."""
+  return sum(math.prod(x.shape) for x in jax.tree.leaves(param_shapes(config)))
+
+
+def matmul_params(config: Config) -> int:
+  """N of the FLOP count: every parameter but the position embeddings (which enter no
+  matmul); the tied token embedding counts once, as the output layer."""
+  return n_params(config) - config.context * config.d_model
+
+
+def flops_per_token(n_matmul: int, n_layer: int, context: int, d_model: int) -> float:
+  r"""Training FLOPs per token, forward and backward: ``6 N + 12 L T d``.
+
+  ``6 N``: 2 FLOPs per weight forward, 4 backward (gradients of activations and of
+  weights). ``12 L T d``: per layer, ``Q K^T`` and ``A V`` each take ``2 T d`` FLOPs per
+  token forward (all heads together), times 3 with the backward pass.
+  """
+  return 6 * n_matmul + 12 * n_layer * context * d_model
+
+
+def step_seconds(
+  config: Config, tokens: int = TOKENS_PER_STEP, peak: float = PEAK_FLOPS, mfu: float = MFU
+) -> float:
+  """C: one worker's compute per step, ``tokens (6 N + 12 L T d) / (peak MFU)``."""
+  per_token = flops_per_token(matmul_params(config), config.n_layer, config.context, config.d_model)
+  return tokens * per_token / (peak * mfu)
+
+
+def methods(rank: int, labels) -> dict:
+  """Every method of the quality study, by its variant name, as in the study:
+  K = 16, low-rank DDP's T = 16, rank ``rank`` on the leaves ``labels`` marks."""
+  low_rank = dict(rank=rank, low_rank_labels=labels, axis_name=AXIS)
+  lordo = dict(low_rank, sync_every=K)
+  return {
+    "ddp": (1, lordo_jax.ddp(1e-3, axis_name=AXIS)),
+    "low_rank_ddp": (T, lordo_jax.low_rank_ddp(1e-3, refresh_every=T, **low_rank)),
+    "low_rank_ddp_projected": (
+      T,
+      lordo_jax.low_rank_ddp(1e-3, refresh_every=T, communicate="projected", **low_rank),
+    ),
+    "lordo": (K, lordo_jax.lordo(1e-3, **lordo)),
+    "lordo_local_projection": (K, lordo_jax.lordo_local_projection(1e-3, **lordo)),
+    "lordo_global_projection_only": (K, lordo_jax.lordo_global_projection_only(1e-3, **lordo)),
+    "diloco": (K, lordo_jax.diloco(1e-3, sync_every=K, axis_name=AXIS)),
+    "desloc": (6 * K, lordo_jax.desloc(1e-3, sync_every=K, axis_name=AXIS)),
+    "local_adam": (K, lordo_jax.local_adam(1e-3, sync_every=K, axis_name=AXIS)),
+  }
+
+
+# The quick run's methods: their counters-only programs run in seconds. The low-rank
+# ones still execute part of their floating-point work on the real shapes (a few seconds
+# per step of GPT-2 small on 2 cores), too slow for run_all.py --quick.
+QUICK_METHODS = ("ddp", "diloco")
+RANKED = ("low_rank_ddp", "low_rank_ddp_projected", "lordo", "lordo_local_projection")
+RANKED += ("lordo_global_projection_only",)
+
+
+def ledger_steps(tx, shapes, steps: int) -> list[tuple[int, int]]:
+  """(bytes, all-reduce calls) of the ledger after each of ``steps`` counters-only steps.
+
+  As ``communication_table.counter_steps``: one worker of a ``shard_map`` over a
+  one-device mesh, whose state keeps only the integer leaves of
+  ``jax.eval_shape(tx.init, shapes)`` from step to step: the step counters, the ledgers
+  and the sync counters (``SynchronizeState.syncs``, which DES-LOC's moment averages
+  follow; ``communication_table._is_counter`` misses it).
+  """
+  abstract = jax.eval_shape(tx.init, shapes)
+  flat, treedef = jax.tree_util.tree_flatten_with_path(abstract)
+  positions = [i for i, (_, x) in enumerate(flat) if jnp.issubdtype(x.dtype, jnp.integer)]
+
+  def body(counters):
+    varying = lambda x: jax.lax.pcast(x, AXIS, to="varying")  # noqa: E731
+    params = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+    leaves = [varying(x) for x in jax.tree.leaves(tx.init(params))]
+    params = jax.tree.map(varying, params)
+    for i, x in zip(positions, counters, strict=True):
+      leaves[i] = x
+    _, state = tx.update(params, jax.tree.unflatten(treedef, leaves), params)
+    return [jax.tree.leaves(state)[i] for i in positions]
+
+  step = communication_table.one_worker_program(body)
+  counters = [jnp.zeros(flat[i][1].shape, flat[i][1].dtype) for i in positions]
+  sent = []
+  for _ in range(steps):
+    counters = [x[0] for x in jax.block_until_ready(step(counters))]
+    state = communication_table._with_ledgers(treedef, counters, positions, len(flat))
+    sent.append((lordo_jax.communicated_bytes(state), lordo_jax.all_reduce_count(state)))
+  return sent
+
+
+def ledger_profile(tx, shapes, period: int) -> dict:
+  """Per step of the second period of the schedule: payload bytes and all-reduce calls."""
+  sent = ledger_steps(tx, shapes, 2 * period)
+  steps = list(zip([(0, 0), *sent[:-1]], sent, strict=True))[period:]
+  return {
+    "period": period,
+    "bytes": [b - b0 for (b0, _), (b, _) in steps],
+    "all_reduces": [a - a0 for (_, a0), (_, a) in steps],
+  }
+
+
+def ring_factor(workers: int) -> float:
+  """2 (M - 1) / M: what a ring all-reduce of B bytes sends (and receives) per worker, / B."""
+  return 2 * (workers - 1) / workers
+
+
+def comm_seconds(nbytes: float, calls: int, gbit: float, workers: int, alpha: float) -> float:
+  """tau = 2 (M - 1) / M x 8 bytes / bandwidth + alpha x all-reduce calls."""
+  return ring_factor(workers) * 8 * nbytes / (gbit * 1e9) + alpha * calls
+
+
+def period_seconds(profile: dict, compute_s: float, gbit: float, **network) -> float:
+  """sum_s (C + max(0, tau_s - f C)): one period's wall time. ``network``: ``workers``,
+  ``overlap`` f, ``alpha``."""
+  workers = network.get("workers", WORKERS)
+  overlap, alpha = network.get("overlap", OVERLAP), network.get("alpha", ALPHA_S)
+  waits = (
+    max(0.0, comm_seconds(b, a, gbit, workers, alpha) - overlap * compute_s)
+    for b, a in zip(profile["bytes"], profile["all_reduces"], strict=True)
+  )
+  return profile["period"] * compute_s + sum(waits)
+
+
+def utilisation(profile: dict, compute_s: float, gbit: float, **network) -> float:
+  """U(W) = P C / sum_s (C + max(0, tau_s - f C)), at ``gbit`` Gbit/s per worker."""
+  return profile["period"] * compute_s / period_seconds(profile, compute_s, gbit, **network)
+
+
+def bandwidth_for(target: float, profile: dict, compute_s: float, **network) -> float | None:
+  """The least bandwidth (Gbit/s) with ``U(W) >= target``; None if no bandwidth reaches it
+  (the latency alone is too long). Bisection in log W: U is non-decreasing in W."""
+  lo, hi = 1e-6, 1e7
+  if utilisation(profile, compute_s, hi, **network) < target:
+    return None
+  if utilisation(profile, compute_s, lo, **network) >= target:
+    return lo
+  for _ in range(200):
+    mid = math.sqrt(lo * hi)
+    lo, hi = (mid, hi) if utilisation(profile, compute_s, mid, **network) < target else (lo, mid)
+    if hi / lo < 1 + 1e-12:
+      break
+  return hi
+
+
+def sync_every_profile(nbytes: float, period: int) -> dict:
+  """The profile of a method that all-reduces ``nbytes`` in one call every ``period`` steps."""
+  return {
+    "period": period,
+    "bytes": [0] * (period - 1) + [nbytes],
+    "all_reduces": [0] * (period - 1) + [1],
+  }
+
+
+def streaming_diloco_check() -> dict:
+  """The bandwidth of 95% utilisation under the Streaming DiLoCo simulation's assumptions.
+
+  1B parameters, bf16 payload (2 bytes each), a step of 0.1 s, M = 2 workers (ring
+  factor 1), the reduction overlapped with the backward pass (f = 2/3), no latency;
+  data-parallel all-reduces every step, DiLoCo every H = 100 steps. The paper (table
+  4): 222 and 23 Gbit/s.
+  """
+  network = dict(workers=2, overlap=OVERLAP, alpha=0.0)
+  nbytes, step = 2 * 1e9, 0.1
+  u = PAPER["utilisation"]
+  dp = bandwidth_for(u, sync_every_profile(nbytes, 1), step, **network)
+  diloco = bandwidth_for(u, sync_every_profile(nbytes, 100), step, **network)
+  return {
+    "assumptions": "1B parameters, 2 bytes each, 0.1 s per step, M = 2, overlap 2/3 of "
+    "each step (the backward pass), no latency; DiLoCo H = 100",
+    "data_parallel_gbit": dp,
+    "diloco_gbit": diloco,
+    "paper_data_parallel_gbit": PAPER["data_parallel_gbit"],
+    "paper_diloco_gbit": PAPER["diloco_gbit"],
+    "data_parallel_error": dp / PAPER["data_parallel_gbit"] - 1,
+    "diloco_error": diloco / PAPER["diloco_gbit"] - 1,
+  }
+
+
+def direct_profiles(config: Config, rank: int, only: tuple[str, ...] | None = None) -> dict:
+  """The ledger profile of every method (or of ``only``) on all of ``config``'s shapes at
+  ``rank``; every 2-D leaf but the embeddings low-rank, as in the paper."""
+  shapes = param_shapes(config)
+  chosen = methods(rank, communication_table.no_embeddings(shapes))
+  return {
+    name: ledger_profile(tx, shapes, period)
+    for name, (period, tx) in chosen.items()
+    if only is None or name in only
+  }
+
+
+def profiles(config: Config, rank: int, only: tuple[str, ...] | None = None) -> dict:
+  r""":func:`direct_profiles` of ``config``, measured on one and two of its layers.
+
+  The ledger sums what each leaf sends, and the L blocks are identical, so with
+  ``b_1`` and ``b_2`` the bytes (or all-reduce calls) of a step of the 1- and 2-layer
+  model, the L-layer model's are ``b_1 + (L - 1)(b_2 - b_1)``: the embeddings and
+  final norm once, each block L times. Two small programs instead of one with L blocks
+  (GPT-2 large's 36 take minutes to compile on 2 cores); the test compares it with
+  :func:`direct_profiles` on a 3-layer model, every method, every step.
+  """
+  one, two = (direct_profiles(config._replace(n_layer=n), rank, only) for n in (1, 2))
+  extra = config.n_layer - 1
+  return {
+    name: {
+      "period": p1["period"],
+      **{
+        key: [a + extra * (b - a) for a, b in zip(p1[key], two[name][key], strict=True)]
+        for key in ("bytes", "all_reduces")
+      },
+    }
+    for name, p1 in one.items()
+  }
+
+
+@functools.cache
+def _gpt2_small_profile(method: str, rank: int) -> dict:
+  return profiles(GPT2_SMALL, rank, only=(method,))[method]
+
+
+def bandwidth_for_utilisation(
+  method: str, utilisation_target: float = 0.9, rank: int | None = None, **network
+) -> float | None:
+  """Gbit/s per worker at which ``method`` (a quality-study variant name) keeps GPT-2 small
+  ``utilisation_target`` busy, under this module's defaults (H100 at 40% MFU, 64 x 1024
+  tokens per worker-step, M = 8, overlap 2/3, K = T = 16, rank d/4 = 192 by default).
+
+  Measures the ledger once per (method, rank), in about a second, and caches it.
+
+  Examples:
+    >>> round(bandwidth_for_utilisation("ddp"), 1)  # doctest: +SKIP
+    52.5
+  """
+  profile = _gpt2_small_profile(method, rank or GPT2_SMALL.d_model // 4)
+  return bandwidth_for(utilisation_target, profile, step_seconds(GPT2_SMALL), **network)
+
+
+def steps_ratios(path: pathlib.Path = RATIOS_FILE) -> list[dict]:
+  """Per target of ``time_to_target.json``: each method's steps to it over DDP's (None
+  where the method never reaches it)."""
+  record = json.loads(path.read_text())
+  targets = []
+  for table in record["targets"]:
+    steps = {m["variant"]: m["step"] for m in table["methods"]}
+    ratios = {k: (s / steps["ddp"] if s else None) for k, s in steps.items()}
+    targets.append({"val_loss": table["val_loss"], "steps": steps, "ratios": ratios})
+  return targets
+
+
+def ddp_steps(config: Config) -> int:
+  """DDP's steps for a Chinchilla budget: 20 tokens per parameter, M x tokens per step."""
+  return math.ceil(CHINCHILLA_TOKENS_PER_PARAM * n_params(config) / (WORKERS * TOKENS_PER_STEP))
+
+
+def time_to_target(steps: float, profile: dict, compute_s: float, gbit: float, **network):
+  """Seconds for ``steps`` steps: steps x the period's mean step time, C / U(W)."""
+  return steps * period_seconds(profile, compute_s, gbit, **network) / profile["period"]
+
+
+def faster_than(run: tuple, other: tuple, compute_s: float, **network) -> dict:
+  """Where ``run`` = (steps, profile) takes less time than ``other``, over 1 Mbit/s to
+  10 Tbit/s per worker: ``{"when": "always" | "never" | "below" | "above", "gbit": W}``,
+  W the crossing (bisection in log W from a grid of 8 points per decade; one crossing)."""
+
+  def ahead(gbit: float) -> bool:
+    mine = time_to_target(*run, compute_s, gbit, **network)
+    return mine < time_to_target(*other, compute_s, gbit, **network)
+
+  grid = [10 ** (k / 8) for k in range(-24, 33)]
+  marks = [ahead(g) for g in grid]
+  if all(marks) or not any(marks):
+    return {"when": "always" if marks[0] else "never", "gbit": None}
+  i = next(i for i in range(len(grid) - 1) if marks[i] != marks[i + 1])
+  lo, hi = grid[i], grid[i + 1]
+  for _ in range(60):
+    mid = math.sqrt(lo * hi)
+    lo, hi = (mid, hi) if ahead(mid) == marks[i] else (lo, mid)
+  return {"when": "below" if marks[i] else "above", "gbit": hi}
+
+
+def method_rows(config: Config, rank: int, found: dict, targets: list[dict], **network) -> list:
+  """Per method on ``config`` at ``rank``: bytes, utilisation by bandwidth, the bandwidths
+  of 90% and 95% (overlap f and f = 0), and seconds to each target at 1, 10, 100 Gbit/s."""
+  c, rows = step_seconds(config), []
+  strict = dict(network, overlap=0.0)
+  for name, p in found.items():
+    row = {
+      "method": name,
+      "rank": rank if name in RANKED else None,
+      "bytes_per_step": sum(p["bytes"]) / p["period"],
+      "profile": p,
+      "utilisation": {str(g): utilisation(p, c, g, **network) for g in BANDWIDTHS_GBIT},
+      "gbit_for": {str(u): bandwidth_for(u, p, c, **network) for u in UTILISATIONS},
+      "gbit_for_no_overlap": {str(u): bandwidth_for(u, p, c, **strict) for u in UTILISATIONS},
+      "time_to_target_s": [],
+    }
+    for target in targets:
+      ratio = target["ratios"].get(name)
+      steps = None if ratio is None else ratio * ddp_steps(config)
+      seconds = {
+        str(g): None if steps is None else time_to_target(steps, p, c, g, **network)
+        for g in TIME_BANDWIDTHS_GBIT
+      }
+      ddp = (target["ratios"]["ddp"] * ddp_steps(config), found["ddp"])
+      versus = None if steps is None else faster_than((steps, p), ddp, c, **network)
+      row["time_to_target_s"].append(
+        {"val_loss": target["val_loss"], "steps": steps, "seconds": seconds, "vs_ddp": versus}
+      )
+    rows.append(row)
+  return rows
+
+
+def analyse(quick: bool, ratios_file: pathlib.Path = RATIOS_FILE, small_only: bool = False):
+  """Every model size and rank, every method (``small_only``: GPT-2 small at d/4; quick:
+  that, for :data:`QUICK_METHODS`)."""
+  targets = steps_ratios(ratios_file)
+  small_only = small_only or quick
+  configs = CONFIGS[:1] if small_only else CONFIGS
+  sizes = []
+  for config in configs:
+    ranks = [config.d_model // 4] + ([] if small_only else [32])
+    base = profiles(config, ranks[0], QUICK_METHODS if quick else None)
+    for rank in ranks:
+      found = base if rank == ranks[0] else {**base, **profiles(config, rank, only=RANKED)}
+      sizes.append(
+        {
+          "config": config._asdict(),
+          "params": n_params(config),
+          "matmul_params": matmul_params(config),
+          "flops_per_token": flops_per_token(
+            matmul_params(config), config.n_layer, config.context, config.d_model
+          ),
+          "step_s": step_seconds(config),
+          "ddp_steps": ddp_steps(config),
+          "rank": rank,
+          "methods": method_rows(config, rank, found, targets),
+        }
+      )
+  return {
+    "assumptions": {
+      "peak_flops": PEAK_FLOPS,
+      "mfu": MFU,
+      "workers": WORKERS,
+      "tokens_per_worker_step": TOKENS_PER_STEP,
+      "overlap": OVERLAP,
+      "alpha_s": ALPHA_S,
+      "sync_every": K,
+      "refresh_every": T,
+      "chinchilla_tokens_per_param": CHINCHILLA_TOKENS_PER_PARAM,
+      "bytes": "float32 payload, lordo_jax.communicated_bytes after each step",
+    },
+    "validation": streaming_diloco_check(),
+    "targets": targets,
+    "ratios_file": str(ratios_file.relative_to(studies.ROOT)),
+    "sizes": sizes,
+  }
+
+
+def _g(x: float | None, fmt: str = ".3g") -> str:
+  return "-" if x is None else format(x, fmt)
+
+
+def _versus(v: dict | None) -> str:
+  if v is None:
+    return "-"
+  return v["when"] if v["gbit"] is None else f"{v['when']} {v['gbit']:.3g} Gbit/s"
+
+
+def size_tables(size: dict, targets: list[dict]) -> list[str]:
+  """One model size at one rank: utilisation by bandwidth, then time to each target."""
+  c = size["config"]
+  lines = [
+    f"**{c['name']}** ({c['n_layer']} layers, d = {c['d_model']}, {c['n_head']} heads; "
+    f"{size['params']:,} parameters, N = {size['matmul_params']:,}; low-rank methods at "
+    f"r = {size['rank']}): {size['flops_per_token'] / 1e9:.3f} GFLOP per token, "
+    f"C = {1e3 * size['step_s']:.1f} ms per step; DDP's Chinchilla run: "
+    f"{size['ddp_steps']:,} steps.",
+    "",
+  ]
+  header = ["method", "MB / step"] + [f"U @ {g}" for g in BANDWIDTHS_GBIT]
+  header += [f"Gbit/s for {u:.0%}" for u in UTILISATIONS]
+  header += [f"{u:.0%}, no overlap" for u in UTILISATIONS]
+  rows = []
+  for m in size["methods"]:
+    rows.append(
+      [m["method"], f"{m['bytes_per_step'] / 1e6:.1f}"]
+      + [f"{m['utilisation'][str(g)]:.2f}" for g in BANDWIDTHS_GBIT]
+      + [_g(m["gbit_for"][str(u)]) for u in UTILISATIONS]
+      + [_g(m["gbit_for_no_overlap"][str(u)]) for u in UTILISATIONS]
+    )
+  lines += studies.table(header, rows) + [""]
+  header = ["method"]
+  for t in targets:
+    header += [f"steps to {t['val_loss']:.4f} (x DDP)"]
+    header += [f"hours @ {g} Gbit/s" for g in TIME_BANDWIDTHS_GBIT] + ["before DDP"]
+  rows = []
+  for m in size["methods"]:
+    row = [m["method"]]
+    for t, reached in zip(targets, m["time_to_target_s"], strict=True):
+      ratio = t["ratios"].get(m["method"])
+      row.append("not reached" if ratio is None else f"{reached['steps']:,.0f} ({ratio:.2f})")
+      row += [_g(None if s is None else s / 3600) for s in reached["seconds"].values()]
+      row.append(_versus(reached["vs_ddp"]) if m["method"] != "ddp" else "-")
+    rows.append(row)
+  return [*lines, *studies.table(header, rows), ""]
+
+
+def markdown_lines(result: dict) -> list[str]:
+  """The validation, then the tables of every size and rank, then the plot."""
+  v = result["validation"]
+  lines = [
+    "Validation against the Streaming DiLoCo simulation (arXiv 2501.18512, table 4; "
+    f"{v['assumptions']}): bandwidth for 95% compute utilisation, data-parallel "
+    f"{v['data_parallel_gbit']:.1f} Gbit/s (paper: {v['paper_data_parallel_gbit']:.0f}, "
+    f"{v['data_parallel_error']:+.1%}), DiLoCo {v['diloco_gbit']:.1f} Gbit/s (paper: "
+    f"{v['paper_diloco_gbit']:.0f}, {v['diloco_error']:+.1%}).",
+    "",
+  ]
+  for size in result["sizes"]:
+    lines += size_tables(size, result["targets"])
+  return [*lines, f"![compute utilisation against bandwidth]({PLOT})"]
+
+
+PLOT = "accelerator_model.png"
+
+
+def plot(result: dict, path: pathlib.Path) -> None:
+  """Utilisation against bandwidth per worker, one panel per model size (rank d/4)."""
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  import numpy as np
+
+  sizes = [s for s in result["sizes"] if s["rank"] == s["config"]["d_model"] // 4]
+  fig, axes = plt.subplots(
+    1, len(sizes), figsize=(4.6 * len(sizes), 4.0), sharey=True, squeeze=False
+  )
+  gbits = np.geomspace(0.1, 400, 200)
+  for ax, size in zip(axes[0], sizes, strict=True):
+    for m in size["methods"]:
+      u = [utilisation(m["profile"], size["step_s"], g) for g in gbits]
+      ax.plot(gbits, u, label=m["method"], linestyle="--" if m["method"] in RANKED[3:] else "-")
+    for level in UTILISATIONS:
+      ax.axhline(level, color="gray", linewidth=0.6, linestyle=":")
+    ax.set_xscale("log")
+    ax.set_title(f"{size['config']['name']}, r = {size['rank']}", fontsize=10)
+    ax.set_xlabel("bandwidth per worker (Gbit/s)")
+    ax.grid(alpha=0.3)
+  axes[0][0].set_ylabel("compute utilisation")
+  axes[0][-1].legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+NOTES = [
+  "Compute per step C = tokens (6 N + 12 L T d) / (peak x MFU): N the parameters in a "
+  "matmul (all but the position embeddings), L layers, T = 1024, d the width; 64 x 1024 "
+  "tokens per worker-step; peak 989 TFLOP/s (H100 SXM, bf16 dense), MFU 40%. Optimizer "
+  "compute (AdamW, SVDs) not counted.",
+  "Bytes: lordo_jax.communicated_bytes and all_reduce_count after each step of each "
+  "method's second period, on the real float32 shapes (one worker of a one-device "
+  "shard_map); MB = 10^6 bytes, the period's mean per step.",
+  "U(W) = P C / sum_s (C + max(0, tau_s - f C)), tau_s = 2(M-1)/M x 8 b_s / W + 50 us x "
+  "calls; M = 8 workers, one H100 each; f = 2/3 (communication hides under the backward "
+  "pass, the Streaming DiLoCo simulation's assumption); 'no overlap': f = 0.",
+  "K = 16 for every local-update method, low-rank DDP's T = 16, as in the quality "
+  "study; every 2-D leaf but the embeddings low-rank.",
+  "Time to target: DDP's Chinchilla steps (20 tokens per parameter in 0.5M-token steps) x "
+  "the method's steps-to-target ratio from the quality study's LM runs "
+  "(time_to_target.json; 0.47M parameters: an extrapolation) x the mean step time C / U. "
+  "'before DDP': the bandwidths per worker at which the method reaches the target before "
+  "DDP does, under the same model.",
+]
+
+
+EXAMPLES_TABLE = studies.ROOT / "examples" / "lm" / "bandwidth_gpt2_small.json"
+
+
+def examples_table(result: dict) -> dict:
+  """What ``examples/main.py`` prints: per method, the Gbit/s per worker for 90% and 95%
+  compute utilisation on GPT-2 small at r = d/4 (overlap f = 2/3), with the assumptions."""
+  small = (GPT2_SMALL.name, GPT2_SMALL.d_model // 4)
+  size = next(s for s in result["sizes"] if (s["config"]["name"], s["rank"]) == small)
+  a = result["assumptions"]
+  return {
+    "generated_by": "python benchmarks/accelerator_model.py --small-only --examples-table "
+    f"{EXAMPLES_TABLE.relative_to(studies.ROOT)}",
+    "model": f"{GPT2_SMALL.name}, {size['params']:,} parameters",
+    "assumptions": f"{WORKERS} workers, one H100 each ({a['peak_flops'] / 1e12:g} TFLOP/s "
+    f"bf16 dense at {a['mfu']:.0%} MFU, 64 x 1024 tokens per worker-step: "
+    f"{1e3 * size['step_s']:.0f} ms per step), ring all-reduce of the float32 ledger "
+    f"bytes overlapped with the backward pass, K = T = {K}, r = {size['rank']}",
+    "gbit_for": {m["method"]: m["gbit_for"] for m in size["methods"]},
+  }
+
+
+def add_options(parser) -> None:
+  """``--small-only``; ``--examples-table PATH``: also write :func:`examples_table`."""
+  parser.add_argument(
+    "--small-only",
+    action="store_true",
+    help="GPT-2 small at r = d/4 only, every method (the larger models take hours on 2 cores)",
+  )
+  parser.add_argument(
+    "--examples-table",
+    type=pathlib.Path,
+    default=None,
+    help=f"also write the table examples/main.py prints (the file it reads is {EXAMPLES_TABLE})",
+  )
+
+
+def main(argv=None) -> int:
+  args = studies.parse_args(
+    __doc__, "GPT-2 small, DDP and DiLoCo only (a minute)", argv, extra=add_options
+  )
+  result = analyse(args.quick, small_only=args.small_only)
+  args.flags = ["--small-only"] if args.small_only and not args.quick else []
+  if args.examples_table is not None:
+    args.flags.append(f"--examples-table {args.examples_table}")
+    args.examples_table.write_text(json.dumps(examples_table(result), indent=1) + "\n")
+    print(f"wrote {args.examples_table}")
+  studies.write(
+    "accelerator_model",
+    args,
+    result,
+    "Compute utilisation and time to target on accelerators, against bandwidth",
+    markdown_lines(result),
+    NOTES,
+  )
+  plot(result, args.out / PLOT)
+  print(f"wrote {args.out / PLOT}")
+  return 0
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())
