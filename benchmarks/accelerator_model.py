@@ -127,31 +127,11 @@ CONFIGS = (GPT2_SMALL, GPT2_MEDIUM, GPT2_LARGE)
 
 
 def param_shapes(config: Config, embeddings: bool = True) -> dict:
-  """The parameters of ``config`` as float32 ShapeDtypeStructs, Hugging Face layout.
-
-  Per layer ``c_attn`` d x 3d, ``attn.c_proj`` d x d, ``mlp.c_fc`` d x 4d,
-  ``mlp.c_proj`` 4d x d, their biases and two layer norms; the final layer norm; token
-  (vocab x d) and position (context x d) embeddings. For GPT-2 small it is
-  ``communication_table.gpt2_small_shapes``.
-  """
-  d = config.d_model
-  f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)  # noqa: E731
-  layer = {
-    "ln_1": {"scale": f32(d), "bias": f32(d)},
-    "attn": {
-      "c_attn": {"kernel": f32(d, 3 * d), "bias": f32(3 * d)},
-      "c_proj": {"kernel": f32(d, d), "bias": f32(d)},
-    },
-    "ln_2": {"scale": f32(d), "bias": f32(d)},
-    "mlp": {
-      "c_fc": {"kernel": f32(d, 4 * d), "bias": f32(4 * d)},
-      "c_proj": {"kernel": f32(4 * d, d), "bias": f32(d)},
-    },
-  }
-  params = {"h": [layer] * config.n_layer, "ln_f": {"scale": f32(d), "bias": f32(d)}}
-  if embeddings:
-    params.update(wte=f32(config.vocab, d), wpe=f32(config.context, d))
-  return params
+  """The parameters of ``config`` as float32 ShapeDtypeStructs, Hugging Face layout
+  (:func:`communication_table.gpt2_shapes`)."""
+  return communication_table.gpt2_shapes(
+    config.n_layer, config.d_model, config.vocab, config.context, embeddings
+  )
 
 
 def n_params(config: Config) -> int:

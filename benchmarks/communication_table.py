@@ -35,31 +35,36 @@ T = 200  # refresh_every of low-rank DDP (GaLore's default update_proj_gap)
 MB = 1e6
 
 
-def gpt2_small_shapes(embeddings: bool = True):
-  """GPT-2 small (124M) parameters as ShapeDtypeStructs, Hugging Face layout, float32.
+def gpt2_shapes(n_layer: int, d: int, vocab: int, context: int, embeddings: bool = True):
+  """A GPT-2 model's parameters as float32 ShapeDtypeStructs, Hugging Face layout.
 
-  Per layer a fused ``c_attn`` 768 x 2304, ``attn.c_proj`` 768 x 768, ``mlp.c_fc``
-  768 x 3072, ``mlp.c_proj`` 3072 x 768, their biases and two layer norms; then the
-  final layer norm, and (``embeddings=True``) token 50257 x 768 and position
-  1024 x 768 embeddings.
+  Per layer a fused ``c_attn`` d x 3d, ``attn.c_proj`` d x d, ``mlp.c_fc`` d x 4d,
+  ``mlp.c_proj`` 4d x d, their biases and two layer norms; then the final layer norm,
+  and (``embeddings=True``) token (vocab x d) and position (context x d) embeddings.
   """
   f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)  # noqa: E731
   layer = {
-    "ln_1": {"scale": f32(D), "bias": f32(D)},
+    "ln_1": {"scale": f32(d), "bias": f32(d)},
     "attn": {
-      "c_attn": {"kernel": f32(D, 3 * D), "bias": f32(3 * D)},
-      "c_proj": {"kernel": f32(D, D), "bias": f32(D)},
+      "c_attn": {"kernel": f32(d, 3 * d), "bias": f32(3 * d)},
+      "c_proj": {"kernel": f32(d, d), "bias": f32(d)},
     },
-    "ln_2": {"scale": f32(D), "bias": f32(D)},
+    "ln_2": {"scale": f32(d), "bias": f32(d)},
     "mlp": {
-      "c_fc": {"kernel": f32(D, 4 * D), "bias": f32(4 * D)},
-      "c_proj": {"kernel": f32(4 * D, D), "bias": f32(D)},
+      "c_fc": {"kernel": f32(d, 4 * d), "bias": f32(4 * d)},
+      "c_proj": {"kernel": f32(4 * d, d), "bias": f32(d)},
     },
   }
-  params = {"h": [layer] * LAYERS, "ln_f": {"scale": f32(D), "bias": f32(D)}}
+  params = {"h": [layer] * n_layer, "ln_f": {"scale": f32(d), "bias": f32(d)}}
   if embeddings:
-    params.update(wte=f32(50257, D), wpe=f32(1024, D))
+    params.update(wte=f32(vocab, d), wpe=f32(context, d))
   return params
+
+
+def gpt2_small_shapes(embeddings: bool = True):
+  """GPT-2 small (124M): :func:`gpt2_shapes` with 12 layers of d = 768, a vocabulary
+  of 50257 and a context of 1024."""
+  return gpt2_shapes(LAYERS, D, 50257, 1024, embeddings)
 
 
 def no_embeddings(tree):
