@@ -4,10 +4,11 @@ r"""Optimizer-state memory per method on GPT-2 small's shapes: on device, and of
     python benchmarks/memory.py --quick   # the same (it allocates nothing: seconds)
 
 Every number is ``lordo_jax.state_bytes(jax.eval_shape(tx.init, params))`` of one
-worker's state, so no GPT-2-sized array is ever allocated. ``device`` is what each
-step reads and writes (moments, bases, error buffers, counters, ledgers); ``host`` is
-what only a sync touches (the anchor, and DiLoCo's outer momentum), which may live in
-host memory (SPEC section 8).
+worker's state, so no GPT-2-sized array is ever allocated, split as ``offload=True``
+places it (``communication_table.offloaded``): ``device`` is what each step reads and
+writes (moments, bases, error buffers, counters, ledgers); ``host`` is what only a sync
+touches (the anchor, and DiLoCo's outer momentum), which ``offload=True`` keeps in host
+memory (SPEC section 8; without offload it is on the device too).
 
 The shapes, the methods and their settings (r = d/4 = 192, K = 16, T = 200;
 embeddings on the full-rank path, as in the paper) are those of
@@ -92,8 +93,8 @@ def spec_formula(shapes, labels, rank: int, options: dict) -> dict[str, int]:
 
 
 def row(name: str, what: str, tx, shapes, blocks_tx, blocks) -> dict:
-  whole = lordo_jax.state_bytes(jax.eval_shape(tx.init, shapes))
-  only_blocks = lordo_jax.state_bytes(jax.eval_shape(blocks_tx.init, blocks))
+  whole = table.offloaded(lordo_jax.state_bytes(jax.eval_shape(tx.init, shapes)))
+  only_blocks = table.offloaded(lordo_jax.state_bytes(jax.eval_shape(blocks_tx.init, blocks)))
   return {"method": name, "what": what, "whole": whole, "blocks": only_blocks}
 
 
@@ -113,7 +114,7 @@ def measure() -> dict:
   for rank in RANKS:
     for projection in ("svd", "dct"):
       tx = lordo(rank, table.no_embeddings, projection=projection)
-      measured = lordo_jax.state_bytes(jax.eval_shape(tx.init, shapes))
+      measured = table.offloaded(lordo_jax.state_bytes(jax.eval_shape(tx.init, shapes)))
       formula = spec_formula(shapes, table.no_embeddings, rank, {"projection": projection})
       ranks.append(
         {"rank": rank, "projection": projection, "measured": measured, "formula": formula}
@@ -121,7 +122,7 @@ def measure() -> dict:
   formula_checks = []
   for options, rank in checks:
     tx = lordo(rank, table.no_embeddings, **options)
-    measured = lordo_jax.state_bytes(jax.eval_shape(tx.init, shapes))
+    measured = table.offloaded(lordo_jax.state_bytes(jax.eval_shape(tx.init, shapes)))
     formula = spec_formula(shapes, table.no_embeddings, rank, options)
     formula_checks.append(
       {
@@ -186,8 +187,8 @@ def main(argv=None) -> int:
     f"embeddings. r = {table.RANK}, K = {table.K}, T = {table.T}, as in the "
     "communication table.",
     "device: read and written every step (moments, bases, error buffers, counters). "
-    "host: the anchor and the outer optimizer's state, touched only at a sync, so "
-    "they may be offloaded to host memory.",
+    "host: the anchor and the outer optimizer's state, touched only at a sync, which "
+    "offload=True keeps in host memory (without it they are on the device too).",
     "Every LoRDO number equals SPEC section 8's formula (see memory.py) plus at most "
     f"{counters} bytes of counters and ledgers.",
   ]

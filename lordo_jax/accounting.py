@@ -14,6 +14,7 @@ import optax
 
 from lordo_jax import collectives
 from lordo_jax import low_rank as low_rank_lib
+from lordo_jax import offload as offload_lib
 from lordo_jax import projection as projection_lib
 from lordo_jax import sync as sync_lib
 
@@ -86,46 +87,53 @@ def _tree_bytes(tree: Any) -> int:
 
 
 def state_bytes(state: Any) -> dict[str, int]:
-  r"""Bytes of optimizer state: what must live on the accelerator, what may live on host.
+  r"""Bytes of optimizer state: where they are, and what host offload would move.
 
-  ``"host"`` is, for every :func:`lordo_jax.synchronize` in the state, its anchor
-  (the parameters at the last sync), its outer optimizer's state (DiLoCo's outer
-  momentum) and, with compression, its error-feedback residual: all are read and
-  written only at a sync, once every K steps, so they can be offloaded to host
-  memory (SPEC section 8). ``"device"`` is everything else:
-  moments, bases, error buffers, counters, flags and ledgers, used at every step.
+  ``"device"`` and ``"host"`` split the state by where its arrays are placed: an array
+  whose sharding's memory kind is ``pinned_host`` (or ``unpinned_host``) counts as
+  host, every other as device, so that on the state of ``offload=True``
+  (:mod:`lordo_jax.offload`) ``"host"`` is what really lives in host memory. Shapes
+  without a placement (``jax.eval_shape(tx.init, params)``, which allocates nothing)
+  count as device.
 
-  Per ``p x q`` float32 matrix, left case (``p >= q``), SPEC section 8: AdamW ``2pq``
-  on device; LoRDO ``pr + 2rq`` on device (``+ pq`` with error feedback, in its
-  dtype) and ``pq`` on host; with ``projection="dct"`` the basis is ``r`` int32
-  indices instead of ``pr`` floats. Counters and ledgers add a few bytes per
-  transformation.
+  ``"offloadable"`` is the part of the state that ``offload=True`` keeps in host
+  memory, wherever it is now: for every :func:`lordo_jax.synchronize` in the state,
+  its anchor (the parameters at the last sync), its outer optimizer's state (DiLoCo's
+  outer momentum) and, with compression, its error-feedback residual, all read and
+  written only at a sync, once every K steps (SPEC section 8). Everything else
+  (moments, bases, error buffers, counters, flags, ledgers) is used at every step.
 
-  Works on a concrete state or on ``jax.eval_shape(tx.init, params)``, which
-  allocates nothing. It counts the state it is given: pass one worker's state (a
-  state stacked over M workers counts M times).
+  Per ``p x q`` float32 matrix, left case (``p >= q``), SPEC section 8: AdamW ``2pq``;
+  LoRDO ``pr + 2rq`` used every step (``+ pq`` with error feedback, in its dtype) and
+  an offloadable ``pq``; with ``projection="dct"`` the basis is ``r`` int32 indices
+  instead of ``pr`` floats. Counters and ledgers add a few bytes per transformation.
+
+  It counts the state it is given, whole arrays: pass one worker's state (a state
+  stacked over M workers counts M times). Per-device bytes of a sharded state are the
+  sizes of its ``addressable_shards``.
 
   Args:
     state: an optimizer state, or its shapes.
 
   Returns:
-    ``{"device": int, "host": int}``, in bytes.
+    ``{"device": int, "host": int, "offloadable": int}``, in bytes; ``device + host``
+    is the whole state.
 
   Examples:
     >>> import jax, jax.numpy as jnp, lordo_jax
-    >>> params = {"w": jax.ShapeDtypeStruct((64, 32), jnp.float32)}
-    >>> tx = lordo_jax.lordo(1e-3, rank=4, sync_every=8)
-    >>> lordo_jax.state_bytes(jax.eval_shape(tx.init, params))["host"]  # the anchor
-    8192
+    >>> params = {"w": jnp.ones((64, 32))}
+    >>> tx = lordo_jax.lordo(1e-3, rank=4, sync_every=8, offload=True)
+    >>> sizes = lordo_jax.state_bytes(tx.init(params))
+    >>> sizes["host"], sizes["offloadable"]  # the anchor, in host memory
+    (8192, 8192)
+    >>> lordo_jax.state_bytes(jax.eval_shape(tx.init, params))["host"]  # no placement
+    0
   """
   is_sync = lambda x: isinstance(x, sync_lib.SynchronizeState)  # noqa: E731
-  device = host = 0
+  offloadable = 0
   for node in jax.tree.leaves(state, is_leaf=is_sync):
     if is_sync(node):
-      inner = state_bytes(node.inner_state)
-      rest = node._replace(inner_state=None, anchor=None, outer_state=None, residual=None)
-      device += inner["device"] + _tree_bytes(rest)
-      host += inner["host"] + _tree_bytes((node.anchor, node.outer_state, node.residual))
-    else:
-      device += _tree_bytes(node)
-  return {"device": device, "host": host}
+      offloadable += state_bytes(node.inner_state)["offloadable"]
+      offloadable += _tree_bytes((node.anchor, node.outer_state, node.residual))
+  host = _tree_bytes([x for x in jax.tree.leaves(state) if offload_lib.on_host(x)])
+  return {"device": _tree_bytes(state) - host, "host": host, "offloadable": offloadable}

@@ -76,6 +76,7 @@ from lordo_jax import compression as compression_lib
 from lordo_jax import faults as faults_lib
 from lordo_jax import low_rank as low_rank_lib
 from lordo_jax import moment_averaging
+from lordo_jax import offload as offload_lib
 from lordo_jax import outer_step as outer_lib
 from lordo_jax import round_schedule
 from lordo_jax import schedules
@@ -109,6 +110,7 @@ class _Round(NamedTuple):
   moment_groups: list  # [(period, fields)]: the moments averaged together.
   refresh: basis_refresh.BasisRefresh  # What happens to the low-rank bases.
   axis_name: str | None  # The worker axis.
+  offload: bool  # Anchor, outer state and residual in host memory between syncs.
 
 
 def _check_options(name, sync_every, fragments, compression, fault_tolerant):
@@ -155,6 +157,7 @@ def synchronize(
   fault_tolerant: bool = False,
   compression: str | None = None,
   fragments: Any = None,
+  offload: bool = False,
   name: str = "synchronize",
 ) -> optax.GradientTransformationExtraArgs:
   r"""Local steps with ``inner``, a synchronisation at the end of every round.
@@ -206,6 +209,10 @@ def synchronize(
       (:func:`lordo_jax.schedules.fragment_labels`). ``None`` (default) or 1: no
       streaming. A Python value, fixed when the optimizer is built (inside
       ``optax.inject_hyperparams``, list it in ``static_args``).
+    offload: keep the anchor, the outer optimizer's state and the compression
+      residual in host memory (``pinned_host``) between syncs, moved to the device
+      only inside the sync branch (:mod:`lordo_jax.offload`); bit-identical results.
+      Needs ``jit`` or ``shard_map`` (``pmap`` keeps every output on the device).
     name: how errors name this transformation.
 
   Returns:
@@ -227,6 +234,7 @@ def synchronize(
   fragments = 1 if fragments is None else fragments
   _check_options(name, sync_every, fragments, compression, fault_tolerant)
   checks.one_of(name, "projection_source", projection_source, PROJECTION_SOURCES)
+  checks.one_of(name, "offload", offload, (False, True))
   averaging = averaging_lib.choose(
     axis_name, fault_tolerant=fault_tolerant, compression=compression
   )
@@ -239,6 +247,7 @@ def synchronize(
     moment_groups=moment_averaging.moment_groups(first_moment_every, second_moment_every),
     refresh=basis_refresh.choose(low_rank, init_projection, projection_source, averaging.mean),
     axis_name=axis_name,
+    offload=bool(offload),
   )
 
   def update_fn(grads, state, params=None, *, worker_present=True, **extra_args):
@@ -260,23 +269,18 @@ def synchronize(
     masks = round_schedule.fragment_masks(params, fragments)
     predicates = round_schedule.sync_predicates(sync_every, len(masks), count, state.next_sync)
     new_state = state._replace(count=count, inner_state=inner_state, faults=faults)
-    for f, (keep, predicate) in enumerate(zip(masks, predicates, strict=True)):
-      new_state = jax.lax.cond(
-        predicate,
-        # The branch recomputes the local updates: see "Cost of a local step" above.
-        lambda s, f=f, keep=keep: _sync_fragment(
-          parts, f, keep, s, grads, params, local_step()[0], present
-        ),
-        lambda s: s,
-        new_state,
-      )
+    sync = functools.partial(_sync_fragment, parts, grads=grads, params=params, present=present)
+    # The branch recomputes the local updates: see "Cost of a local step" above.
+    new_state, anchor = _end_rounds(
+      parts.offload,
+      lambda f, keep, s: sync(f, keep, s, local_updates=local_step()[0]),
+      zip(masks, predicates, strict=True),
+      new_state,
+      params,
+    )
     # 6. Synchronised leaves land on the anchor, the others take their local step.
     updates = jax.tree.map(
-      lambda synced_now, a, p, u: jnp.where(synced_now, (a - p).astype(u.dtype), u),
-      round_schedule.synced_now(params, masks, predicates),
-      new_state.anchor,
-      params,
-      local_updates,
+      _landing, round_schedule.synced_now(params, masks, predicates), anchor, params, local_updates
     )
     next_sync = round_schedule.next_sync(sync_every, count, state.next_sync, predicates[-1])
     return updates, new_state._replace(next_sync=next_sync)
@@ -284,10 +288,39 @@ def synchronize(
   return optax.GradientTransformationExtraArgs(functools.partial(_init, parts), update_fn)
 
 
+def _end_rounds(offload, sync, rounds, state, params):
+  """Each fragment's ``sync(f, keep, state)`` where its round ends (a ``lax.cond``).
+
+  Returns the state and the anchor step 6 lands on, on the device. With offload the
+  state's anchor is in host memory, so the one returned is the synchronised one the
+  sync branch leaves on the device, and a do-nothing buffer between syncs.
+  """
+  anchor = jax.tree.map(jnp.zeros_like, params) if offload else state.anchor
+  for f, (keep, predicate) in enumerate(rounds):
+    sync_now = functools.partial(sync, f, keep)
+    if offload:
+      state, anchor = jax.lax.cond(
+        predicate,
+        lambda s, a, sync_now=sync_now: _sync_offloaded(sync_now, s),
+        lambda s, a: (s, a),
+        state,
+        anchor,
+      )
+    else:
+      state = jax.lax.cond(predicate, sync_now, lambda s: s, state)
+      anchor = state.anchor
+  return state, anchor
+
+
+def _landing(synced_now, anchor, params, local_updates):
+  """Step 6 for one leaf: onto the anchor if it synced now, else the local update."""
+  return jnp.where(synced_now, (anchor - params).astype(local_updates.dtype), local_updates)
+
+
 def _init(parts: _Round, params) -> SynchronizeState:
   """The state before step 1: the anchor is ``params``, nothing synced or sent."""
   masks = round_schedule.fragment_masks(params, parts.fragments)
-  return SynchronizeState(
+  state = SynchronizeState(
     count=jnp.zeros([], jnp.int32),
     inner_state=parts.inner.init(params),
     anchor=jax.tree.map(jnp.copy, params),  # Its own buffers, so a donated step can update it.
@@ -298,9 +331,24 @@ def _init(parts: _Round, params) -> SynchronizeState:
     next_sync=schedules.round_length(parts.sync_every, 0),
     residual=parts.averaging.init_residual(params),
   )
+  return _placed(state, offload_lib.to_host) if parts.offload else state
 
 
-def _sync_fragment(parts: _Round, f, keep, state, grads, params, local_updates, present):
+def _placed(state: SynchronizeState, move) -> SynchronizeState:
+  """``state`` with its sync-only parts (anchor, outer state, residual) moved by ``move``."""
+  return state._replace(
+    anchor=move(state.anchor), outer_state=move(state.outer_state), residual=move(state.residual)
+  )
+
+
+def _sync_offloaded(sync_now, state):
+  """``sync_now(state)`` with the sync-only state in host memory: moved to the device,
+  synchronised, moved back; returns the new state and its anchor on the device."""
+  state = sync_now(_placed(state, offload_lib.to_device))
+  return _placed(state, offload_lib.to_host), state.anchor
+
+
+def _sync_fragment(parts: _Round, f, keep, state, *, grads, params, local_updates, present):
   """Steps 1-5 of the round for the leaves in ``keep`` (fragment ``f``): the new
   state, whose anchor holds the synchronised parameters of those leaves.
 

@@ -154,15 +154,20 @@ CASES = [
 def test_state_bytes_match_spec_section_8_on_gpt2_small(name, build, device, host):
   state = jax.eval_shape(build().init, PARAMS)
   measured = lordo_jax.state_bytes(state)
-  assert measured == {"device": device + bookkeeping(state), "host": host}, name
+  # Shapes carry no placement: all on the device; offload=True would move "host".
+  expected = {"device": device + host + bookkeeping(state), "host": 0, "offloadable": host}
+  assert measured == expected, name
 
 
 def test_lordo_keeps_a_fraction_of_adamws_device_state():
   """The headline of SPEC 8 on these shapes: the matrices' state shrinks about 4x."""
   adamw_state = jax.eval_shape(lordo_jax.ddp(1e-3).init, PARAMS)
   lordo_state = jax.eval_shape(lordo_jax.lordo(1e-3, **lordo_kwargs()).init, PARAMS)
-  adamw = lordo_jax.state_bytes(adamw_state)["device"] - bookkeeping(adamw_state)
-  lordo = lordo_jax.state_bytes(lordo_state)["device"] - bookkeeping(lordo_state)
+  used = lambda state: (
+    lordo_jax.state_bytes(state)["device"] - lordo_jax.state_bytes(state)["offloadable"]
+  )
+  adamw = used(adamw_state) - bookkeeping(adamw_state)
+  lordo = used(lordo_state) - bookkeeping(lordo_state)
   matrices = sum(p * q for p, q in MATRICES)
   saved = adamw - lordo
   assert saved == 4 * (2 * matrices - low_rank_floats())
@@ -174,6 +179,22 @@ def test_concrete_and_abstract_states_agree():
   tx = lordo_jax.lordo(1e-2, rank=2, sync_every=4)
   concrete = lordo_jax.state_bytes(tx.init(params))
   assert concrete == lordo_jax.state_bytes(jax.eval_shape(tx.init, params))
-  # w: Q 16 x 2, u and v 2 x 8; b: Adam 2 x 8; anchor 16 x 8 + 8.
-  assert concrete["host"] == 4 * (16 * 8 + 8)
-  assert concrete["device"] - bookkeeping(tx.init(params)) == 4 * (16 * 2 + 2 * 2 * 8 + 2 * 8)
+  # w: Q 16 x 2, u and v 2 x 8; b: Adam 2 x 8; anchor 16 x 8 + 8, on the device.
+  anchor = 4 * (16 * 8 + 8)
+  assert concrete["host"] == 0 and concrete["offloadable"] == anchor
+  used = concrete["device"] - anchor - bookkeeping(tx.init(params))
+  assert used == 4 * (16 * 2 + 2 * 2 * 8 + 2 * 8)
+
+
+def test_offloaded_state_is_counted_where_it_lies():
+  """With offload=True the anchor is in host memory, and state_bytes says so."""
+  params = {"w": jnp.ones((16, 8)), "b": jnp.zeros(8)}
+  plain = lordo_jax.state_bytes(lordo_jax.lordo(1e-2, rank=2, sync_every=4).init(params))
+  tx = lordo_jax.lordo(1e-2, rank=2, sync_every=4, offload=True)
+  offloaded = lordo_jax.state_bytes(tx.init(params))
+  anchor = 4 * (16 * 8 + 8)
+  assert offloaded == {
+    "device": plain["device"] - anchor,
+    "host": anchor,
+    "offloadable": anchor,
+  }

@@ -42,6 +42,24 @@ def test_sharded_models_example_runs_on_four_workers_times_two_way_fsdp():
   assert int(line.group(4).replace(",", "")) == (params + 4 * (params + moments)) * 4
 
 
+def test_offload_example_continues_the_sharded_one():
+  section = README.split("\n## Sharded models", 1)[1].split("\n## ", 1)[0]
+  sharded, offload = re.findall(r"```python\n(.*?)```", section, re.S)[:2]
+  result = subprocess.run(
+    [sys.executable, "-c", sharded + offload],
+    capture_output=True,
+    text=True,
+    timeout=300,
+    cwd=ROOT,
+  )
+  assert result.returncode == 0, result.stderr[-2000:]
+  kind, sizes = result.stdout.strip().splitlines()[-2:]
+  assert kind == "pinned_host"
+  sizes = eval(sizes)  # noqa: S307 - the dict state_bytes printed
+  anchor = 4 * 2 * 32 * 64 * 4  # four workers' anchors of the two matrices, float32
+  assert sizes["host"] == sizes["offloadable"] == anchor
+
+
 def test_ci_runs_the_readme_test_command():
   command = re.search(r"# the tests\n(.*)\n", README).group(1)
   assert command in (ROOT / ".ci" / "run").read_text()

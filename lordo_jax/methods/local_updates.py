@@ -35,6 +35,7 @@ def local_adam(
   compression: str | None = None,
   fragments: Any = None,
   fault_tolerant: bool = False,
+  offload: bool = False,
 ) -> optax.GradientTransformationExtraArgs:
   r"""Local Adam: local AdamW steps; params and both moments averaged every K steps.
 
@@ -56,8 +57,8 @@ def local_adam(
     axis_name: the worker axis; ``None`` for one worker.
     b1, b2, eps: Adam's parameters.
     weight_decay: decoupled weight decay, as in ``optax.adamw``.
-    compression, fragments, fault_tolerant: the round's compressed messages,
-      streaming and fault tolerance, as in :func:`lordo_jax.lordo`.
+    compression, fragments, fault_tolerant, offload: the round's compressed
+      messages, streaming, fault tolerance and host offload, as in :func:`lordo_jax.lordo`.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``; its ``update`` needs params.
@@ -85,6 +86,7 @@ def local_adam(
     compression=compression,
     fragments=fragments,
     fault_tolerant=fault_tolerant,
+    offload=offload,
     name=who,
   )
 
@@ -114,6 +116,7 @@ def desloc(
   compression: str | None = None,
   fragments: Any = None,
   fault_tolerant: bool = False,
+  offload: bool = False,
 ) -> optax.GradientTransformationExtraArgs:
   r"""DES-LOC: local AdamW with independent periods for params and each moment.
 
@@ -134,8 +137,8 @@ def desloc(
     first_moment_every: K_u, steps between first-moment averages; a multiple of
       K_x; ``None``: 3 K_x (the paper's setting).
     second_moment_every: K_v, the same for the second moment; ``None``: 6 K_x.
-    axis_name, b1, b2, eps, weight_decay, compression, fragments, fault_tolerant:
-      as in :func:`local_adam`.
+    axis_name, b1, b2, eps, weight_decay, compression, fragments, fault_tolerant,
+      offload: as in :func:`local_adam`.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` (its ``update`` needs params) that
@@ -170,6 +173,7 @@ def desloc(
     compression=compression,
     fragments=fragments,
     fault_tolerant=fault_tolerant,
+    offload=offload,
     name=who,
   )
 
@@ -189,6 +193,7 @@ def diloco(
   compression: str | None = None,
   fragments: Any = None,
   fault_tolerant: bool = False,
+  offload: bool = False,
 ) -> optax.GradientTransformationExtraArgs:
   r"""DiLoCo: local AdamW, an outer Nesterov SGD on the averaged pseudo-gradient.
 
@@ -213,8 +218,8 @@ def diloco(
     outer_learning_rate: :math:`\eta_o`.
     outer_momentum: :math:`\mu_o`.
     nesterov: Nesterov momentum in the outer step.
-    b1, b2, eps, weight_decay, compression, fragments, fault_tolerant: of the inner
-      AdamW and the round, as in :func:`local_adam`.
+    b1, b2, eps, weight_decay, compression, fragments, fault_tolerant, offload: of
+      the inner AdamW and the round, as in :func:`local_adam`.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` (its ``update`` needs params); the
@@ -247,5 +252,6 @@ def diloco(
     compression=compression,
     fragments=fragments,
     fault_tolerant=fault_tolerant,
+    offload=offload,
     name=who,
   )

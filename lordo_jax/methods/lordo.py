@@ -50,6 +50,7 @@ def lordo(
   subspace_iterations: int = 2,
   seed: int = 0,
   fault_tolerant: bool = False,
+  offload: bool = False,
   compression: str | None = None,
   fragments: Any = None,
   two_sided: bool = False,
@@ -119,6 +120,9 @@ def lordo(
       ``r x q``; ``projection`` is then ``"svd"`` or ``"randomized_svd"``.
     oversample, power_iterations: of the ``randomized_svd`` refresh (``None``: 8
       extra sketch columns, 1 power iteration).
+    offload: keep the anchor and the outer optimizer's state in host memory
+      (``pinned_host``) between syncs, on the device only inside the sync
+      (:mod:`lordo_jax.offload`); results bit-identical to ``offload=False``.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``. Its ``update`` needs params.
@@ -158,6 +162,7 @@ def lordo(
     low_rank=low_rank,
     init_projection=init_projection,
     fault_tolerant=fault_tolerant,
+    offload=offload,
     compression=compression,
     fragments=fragments,
     name=who,
@@ -188,6 +193,7 @@ def lordo_local_projection(
   compression: str | None = None,
   fragments: Any = None,
   fault_tolerant: bool = False,
+  offload: bool = False,
 ) -> optax.GradientTransformationExtraArgs:
   r"""LoRDO ablation: each worker projects with its own gradient; moments stay local.
 
@@ -211,8 +217,8 @@ def lordo_local_projection(
     omega, mu, b1, b2, eps, weight_decay, projection, side, transport,
       error_feedback, error_feedback_dtype, outer_optimizer, full_rank_scale,
       low_rank_labels, subspace_iterations: as in :func:`lordo`.
-    compression, fragments, fault_tolerant: the round's compressed messages,
-      streaming and fault tolerance, as in :func:`lordo_jax.lordo`.
+    compression, fragments, fault_tolerant, offload: the round's compressed
+      messages, streaming, fault tolerance and host offload, as in :func:`lordo_jax.lordo`.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``; its ``update`` needs params.
@@ -252,6 +258,7 @@ def lordo_local_projection(
     compression=compression,
     fragments=fragments,
     fault_tolerant=fault_tolerant,
+    offload=offload,
     name=who,
   )
 

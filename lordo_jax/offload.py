@@ -1,0 +1,51 @@
+r"""Host offload of the state a round reads only at its sync.
+
+The anchor (the parameters at the last sync), the outer optimizer's state (DiLoCo's
+outer momentum) and the compression residual are read and written once every K steps,
+at the sync, and never at a local step. With ``offload=True``
+(:func:`lordo_jax.synchronize` and every method with an anchor) they live in the
+host's ``pinned_host`` memory, the accelerator holds only what a local step needs, and
+the sync branch moves them
+
+.. math::
+  \text{host} \xrightarrow{\ \text{to\_device}\ } \text{device}
+  \xrightarrow{\ \text{sync}\ } \text{device}
+  \xrightarrow{\ \text{to\_host}\ } \text{host}
+
+inside its ``lax.cond`` branch, so a local step moves nothing. The copies are exact,
+so results are bit-identical to ``offload=False``. A sync step then transfers the
+anchor twice over the host link (PCIe on a GPU): ``2 pq`` elements per ``p x q``
+matrix every K steps, against AdamW's ``2 pq`` resident on the device at every step.
+
+Placement is a memory kind of the arrays' sharding (``jax.memory.Space.Host``), which
+``jit`` and ``shard_map`` honour (their sharding is kept: an anchor split over an FSDP
+axis stays split in host memory). ``pmap`` places every output on the device, so under
+``pmap`` the option changes nothing: use ``shard_map``.
+"""
+
+from typing import Any
+
+import jax
+
+HOST_KINDS = ("pinned_host", "unpinned_host")
+
+
+def to_host(tree: Any) -> Any:
+  """Every array of ``tree`` in host memory (``pinned_host``), its sharding kept."""
+  return jax.tree.map(lambda x: jax.device_put(x, jax.memory.Space.Host), tree)
+
+
+def to_device(tree: Any) -> Any:
+  """Every array of ``tree`` in device memory, its sharding kept."""
+  return jax.tree.map(lambda x: jax.device_put(x, jax.memory.Space.Device), tree)
+
+
+def memory_kind(x: Any) -> str | None:
+  """The memory kind of a concrete array (or a shape with a sharding); else ``None``."""
+  sharding = getattr(x, "sharding", None)
+  return getattr(sharding, "memory_kind", None)
+
+
+def on_host(x: Any) -> bool:
+  """Whether ``x`` is placed in host memory."""
+  return memory_kind(x) in HOST_KINDS
