@@ -32,6 +32,7 @@ from lordo_jax import collectives
 from lordo_jax import compression as compression_lib
 from lordo_jax import faults
 from lordo_jax import inner_state as trees
+from lordo_jax.bases import layout
 
 
 class Averaging(NamedTuple):
@@ -130,7 +131,8 @@ def compressed(axis_name: str | None, codec: str) -> Averaging:
     return delta, jnp.ones([], jnp.float32), ledger, trees.merge(residual, own)
 
   def init_residual(params):
-    return jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), params)
+    # Split like its parameter (Explicit mesh axes inside a worker), as the anchor is.
+    return jax.tree.map(lambda x: layout.zeros(x.shape, jnp.float32, layout.spec_of(x)), params)
 
   return Averaging(
     mean=_counted(axis_name, codec),

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from lordo_jax import compression
+from lordo_jax.bases import layout as group_layout
 
 _LIMB_BITS = 20
 _LIMB = 1 << _LIMB_BITS
@@ -149,7 +150,20 @@ def counted_mean_of_present(tree: Any, present: jax.Array, ledger: Ledger, axis_
 
 
 def _compressed_mean_leaf(x, residual, axis_name, num_workers, codec):
-  """One leaf's compressed mean: ``(mean, new_residual, sent)``; see :func:`counted_mean`."""
+  """One leaf's compressed mean: ``(mean, new_residual, sent)``; see :func:`counted_mean`.
+
+  A leaf split over ``Explicit`` mesh axes inside the worker (FSDP) is made whole
+  there first (:func:`lordo_jax.bases.layout.whole`, over the group's fast links; the
+  message between workers is the same), and the mean and residual are split back like
+  ``x``.
+  """
+  if group_layout.is_sharded(x):
+    mean, new_residual, sent = _compressed_mean_leaf(
+      group_layout.whole(x), None if residual is None else group_layout.whole(residual), axis_name,
+      num_workers, codec,
+    )  # fmt: skip
+    split_back = lambda a: None if a is None else group_layout.like(a, x)  # noqa: E731
+    return split_back(mean), split_back(new_residual), sent
   target = x.astype(jnp.float32) if residual is None else x.astype(jnp.float32) + residual
   rows, layout = compression.as_rows(target, num_workers)
   shard_rows = rows.shape[0] // num_workers

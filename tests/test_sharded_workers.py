@@ -46,7 +46,20 @@ METHODS = {
     1e-2, rank=2, refresh_every=3, axis_name=AXIS, communicate="projected"
   ),
   "diloco": lambda: lordo_jax.diloco(1e-2, sync_every=2, axis_name=AXIS),
+  "lordo_int8": lambda: lordo_jax.lordo(
+    1e-2, rank=2, sync_every=2, axis_name=AXIS, compression="int8"
+  ),
+  "lordo_streaming": lambda: lordo_jax.lordo(
+    1e-2, rank=2, sync_every=2, axis_name=AXIS, fragments=2
+  ),
+  "lordo_fault_tolerant": lambda: lordo_jax.lordo(
+    1e-2, rank=2, sync_every=2, axis_name=AXIS, fault_tolerant=True
+  ),
 }
+# int8 rounding is discontinuous: the 1e-7 differences of a sharded local step (sums
+# split over the FSDP axis) can move a pseudo-gradient entry across a rounding boundary,
+# by one quantum (1/127 of its row's largest entry, ~1e-4 here). Every other method: 1e-5.
+TOLERANCE = {"lordo_int8": 1e-3}
 # A refresh made of products with the split matrix: no first SVD, so no gather at all.
 PRODUCTS_ONLY = {
   "lordo_subspace_iteration_random": lambda: lordo_jax.lordo(
@@ -164,7 +177,8 @@ def _assert_same_run(method, mesh, specs):
     scale = np.max(np.abs(reference[name]))
     moved = np.max(np.abs(reference[name] - np.asarray(initial)[None]))
     assert moved > 1e-3 * scale, name  # The comparison below could fail.
-    np.testing.assert_allclose(params[name], reference[name], rtol=0, atol=1e-5 * scale)
+    tolerance = TOLERANCE.get(method, 1e-5)
+    np.testing.assert_allclose(params[name], reference[name], rtol=0, atol=tolerance * scale)
   assert lordo_jax.communicated_bytes(state) == nbytes > 0
   assert lordo_jax.communicated_elements(state) == elements
 
