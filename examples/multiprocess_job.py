@@ -268,6 +268,8 @@ def train(config: Config, checkpoint_dir: str | None = None) -> dict:
     "workers": workers,
     "fsdp": config.fsdp,
     "processes": jax.process_count(),
+    # The processes each worker group's devices belong to: one each.
+    "group_processes": [sorted({d.process_index for d in row}) for row in mesh.devices],
     # What one device holds: with FSDP a 1/F slice of its worker's params and anchor.
     "param_shards": shard_shapes(params),
     "anchor_shards": shard_shapes(state.anchor),

@@ -70,6 +70,7 @@ def test_two_processes_of_fsdp_groups_train_the_parameters_of_one(runs):
   multi, single, _ = runs
   assert (multi["processes"], multi["workers"], multi["fsdp"]) == (2, 2, 4)
   assert (single["processes"], single["workers"], single["fsdp"]) == (1, 2, 4)
+  assert multi["group_processes"] == [[0], [1]]  # a group's FSDP stays in its process
   for run in (multi, single):  # each device holds a quarter of its worker's copy
     assert run["param_shards"] == run["anchor_shards"] == FSDP_SHARDS
   _assert_close(multi["params"], single["params"], rtol=1e-6)
