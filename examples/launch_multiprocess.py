@@ -3,13 +3,16 @@ r"""Run one LoRDO job as several local processes on JAX's distributed runtime.
     python3 examples/launch_multiprocess.py                        # 2 processes x 4 devices
     python3 examples/launch_multiprocess.py --processes 4 --devices-per-process 2
     python3 examples/launch_multiprocess.py --reference            # and compare with 1 x 8
+    python3 examples/launch_multiprocess.py --fsdp 4 --reference   # 2 groups x 4-way FSDP
 
 Starts ``--processes`` copies of ``examples/multiprocess_job.py`` on this machine,
 each owning ``--devices-per-process`` simulated CPU devices; process 0 is the
 coordinator, on ``127.0.0.1`` and a free port. Together they train one model with
 ``processes x devices-per-process`` LoRDO workers on one mesh, and the optimizer's
-all-reduces cross the processes through gloo. This is the multi-host layout of a GPU
-cluster or a TPU pod, on one machine: only the addresses change (README, "Multi-host").
+all-reduces cross the processes through gloo. With ``--fsdp F`` each worker is a group
+of F devices of one process that shards its copy of the model F ways (FSDP), and the
+worker axis spans the processes. This is the multi-host layout of a GPU cluster or a
+TPU pod, on one machine: only the addresses change (README, "Multi-host").
 
 The launcher waits for all processes, kills every one of them (their whole process
 groups) if one fails or the time runs out, and prints process 0's results. With
@@ -165,6 +168,7 @@ def main(argv=None) -> None:
   parser.add_argument("--devices-per-process", type=int, default=4)
   parser.add_argument("--steps", type=int, default=24)
   parser.add_argument("--sync-every", type=int, default=4)
+  parser.add_argument("--fsdp", type=int, default=1, help="devices per worker group (FSDP)")
   parser.add_argument("--timeout", type=float, default=300.0, help="seconds for each run")
   parser.add_argument("--out", help="results and logs (default: a temporary directory)")
   parser.add_argument(
@@ -172,12 +176,13 @@ def main(argv=None) -> None:
   )
   args = parser.parse_args(argv)
   out = pathlib.Path(args.out or tempfile.mkdtemp(prefix="lordo_multiprocess_"))
-  job_args = (f"--steps={args.steps}", f"--sync-every={args.sync_every}")
+  job_args = (f"--steps={args.steps}", f"--sync-every={args.sync_every}", f"--fsdp={args.fsdp}")
 
   def show(label, results):
     losses = results["losses"]
     print(
-      f"{label}: {results['processes']} process(es), {results['workers']} workers, "
+      f"{label}: {results['processes']} process(es), {results['workers']} workers x "
+      f"{results['fsdp']}-way FSDP, "
       f"loss {losses[0]:.4f} -> {losses[-1]:.4f}, "
       f"{results['communicated_bytes']:,} bytes all-reduced per worker"
     )

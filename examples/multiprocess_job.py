@@ -1,15 +1,20 @@
 r"""One LoRDO training job, the same code on every process of a multi-process run.
 
     python3 examples/launch_multiprocess.py --processes 2 --devices-per-process 4
+    python3 examples/launch_multiprocess.py --processes 2 --devices-per-process 4 --fsdp 4
 
 starts this file once per process (see ``launch_multiprocess.py``). Each process calls
 ``jax.distributed.initialize``, owns ``--local-devices`` CPU devices, and all
-processes together form one mesh with one axis, ``workers``, one worker per device.
-Every process runs the same jitted ``shard_map`` step on its share of the workers;
-the optimizer's all-reduces (the pseudo-gradient and the low-rank moments at each
-sync) cross processes through gloo. The result does not depend on how the workers
-are spread over processes: 2 processes x 4 devices train the same parameters as
-1 process x 8 devices.
+processes together form one mesh, ``workers x fsdp``: ``devices / F`` worker groups of
+``F = --fsdp`` devices each, every group inside one process. With ``--fsdp 1`` (the
+default) each worker is one device holding its whole model. With ``F > 1`` each group
+shards its copy F ways (FSDP: parameters, optimizer state and batch split, the
+parameters gathered whole for the forward pass inside the group) and the worker axis
+spans the processes. Every process runs the same jitted ``shard_map`` step, manual over
+the worker axis only, on its share of the workers; the optimizer's all-reduces (the
+pseudo-gradient and the low-rank moments at each sync) cross processes through gloo.
+The result does not depend on how the workers are spread over processes: 2 processes
+x 4 devices train the same parameters as 1 process x 8 devices with the same mesh.
 
 The problem: a small MLP (16 -> 32 -> 8, tanh) fitted by least squares; worker m
 sees its own inputs and its own target map (heterogeneous data, as local-update
@@ -24,9 +29,9 @@ Run directly, one process per terminal, for example::
         --coordinator 127.0.0.1:12355 --local-devices 4 --out /tmp/run
 
 Process 0 writes ``result.npz`` (every worker's final parameters) and ``result.json``
-(losses, bytes sent) into ``--out``; ``--checkpoint-dir`` also saves the final
-params and optimizer state there with :mod:`lordo_jax.checkpoint` (every process
-writes its own shards).
+(losses, bytes sent, the shapes of one device's slices) into ``--out``;
+``--checkpoint-dir`` also saves the final params and optimizer state there with
+:mod:`lordo_jax.checkpoint` (every process writes its own shards).
 """
 
 import os
@@ -45,8 +50,9 @@ import sys  # noqa: E402
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
 
-AXIS = "workers"
+AXIS, FSDP = "workers", "fsdp"
 IN, HIDDEN, OUT = 16, 32, 8
 
 
@@ -60,6 +66,8 @@ class Config:
   learning_rate: float = 1e-2
   batch_per_worker: int = 16
   seed: int = 0
+  fsdp: int = 1  # devices per worker group; 1: one worker per device, unsharded
+  projection: str = "svd"
 
 
 def die_with_launcher() -> None:
@@ -115,48 +123,94 @@ def loss_fn(params, x, y):
   return jnp.mean((hidden @ params["w2"] - y) ** 2)
 
 
+def fsdp_loss_fn(params, x, y):
+  """The loss with FSDP's forward pass: each parameter gathered whole inside the worker
+  group (an all-gather over ``fsdp``, on the group's own devices), the batch left split.
+  The gradient comes back split like its parameter (the transpose: a reduce-scatter).
+  With ``--fsdp 1`` nothing is split and this is :func:`loss_fn`."""
+  return loss_fn(jax.tree.map(lambda a: jax.sharding.reshard(a, P()), params), x, y)
+
+
 def make_optimizer(config: Config):
   import lordo_jax
 
   return lordo_jax.lordo(
-    config.learning_rate, rank=config.rank, sync_every=config.sync_every, axis_name=AXIS
+    config.learning_rate,
+    rank=config.rank,
+    sync_every=config.sync_every,
+    axis_name=AXIS,
+    projection=config.projection,
+  )
+
+
+def make_mesh(config: Config):
+  """The global mesh ``workers x fsdp``: ``devices / F`` worker groups of ``F`` devices.
+
+  Each group's devices lie in one process (on a cluster: one node, one TPU slice, with
+  its fast links), so FSDP's gathers stay inside a process and only LoRDO's all-reduce
+  over ``workers`` crosses processes. The devices are taken process by process; the
+  same layout with 1 process gives the same arithmetic.
+  """
+  fsdp = config.fsdp
+  if jax.local_device_count() % fsdp or HIDDEN % fsdp or config.batch_per_worker % fsdp:
+    raise ValueError(
+      f"--fsdp {fsdp} must divide the devices of a process ({jax.local_device_count()}: a "
+      f"worker group lies in one process), the hidden width ({HIDDEN}) and the batch "
+      f"({config.batch_per_worker})"
+    )
+  devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
+  grid = np.array(devices).reshape(len(devices) // fsdp, fsdp)
+  return jax.sharding.Mesh(grid, (AXIS, FSDP), axis_types=(jax.sharding.AxisType.Explicit,) * 2)
+
+
+# A leading worker axis, then each worker's copy split over ``fsdp`` on a dimension of
+# size HIDDEN; the batch split over ``fsdp`` too.
+PARAM_SPECS = {"w1": P(AXIS, None, FSDP), "b1": P(AXIS, FSDP), "w2": P(AXIS, FSDP, None)}
+BATCH_SPECS = (P(AXIS, FSDP), P(AXIS, FSDP))
+
+
+def on_workers(fn, mesh):
+  """``fn`` of one worker's arrays, run by every worker: a jitted ``shard_map`` manual
+  over the worker axis only, so inside a worker the arrays stay split over ``fsdp``.
+  Its arguments and results carry a leading worker axis."""
+
+  def body(*args):
+    out = fn(*jax.tree.map(lambda a: a[0], args))
+    return jax.tree.map(lambda a: a[None], out)
+
+  return jax.jit(
+    jax.shard_map(body, mesh=mesh, in_specs=P(AXIS), out_specs=P(AXIS), axis_names={AXIS})
   )
 
 
 def make_step(tx, mesh):
-  """The jitted ``shard_map`` step; params, state and data carry a leading worker axis."""
+  """The jitted step; params, state and data carry a leading worker axis."""
   import optax
-  from jax.sharding import PartitionSpec as P
 
-  def body(params, state, x, y):
-    params, state, x, y = jax.tree.map(lambda a: a[0], (params, state, x, y))
-    loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
+  def step(params, state, x, y):
+    loss, grads = jax.value_and_grad(fsdp_loss_fn)(params, x, y)
     updates, state = tx.update(grads, state, params)
-    params = optax.apply_updates(params, updates)
-    return jax.tree.map(lambda a: a[None], (params, state, loss))
+    return optax.apply_updates(params, updates), state, loss
 
-  return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P(AXIS), out_specs=P(AXIS)))
+  return on_workers(step, mesh)
 
 
-def to_workers(tree, mesh, workers: int | None = None):
-  """Host arrays onto the global mesh, split along the leading axis.
+def to_workers(tree, mesh, specs, workers: int | None = None):
+  """Host arrays onto the global mesh, each leaf placed by its spec in ``specs``.
 
   With ``workers`` each leaf is first repeated along a new leading axis of that size.
   Every process passes the same values and keeps only its own devices' slices, so
   this works whether or not the mesh spans several processes.
   """
-  from jax.sharding import NamedSharding
-  from jax.sharding import PartitionSpec as P
 
-  sharding = NamedSharding(mesh, P(AXIS))
-
-  def put(a):
+  def put(a, spec):
     a = np.asarray(a)
     if workers is not None:
       a = np.broadcast_to(a, (workers, *a.shape))
+    sharding = jax.NamedSharding(mesh, spec)
     return jax.make_array_from_callback(a.shape, sharding, lambda index: a[index])
 
-  return jax.tree.map(put, tree)
+  return jax.tree.map(put, tree, specs)
 
 
 def gather(tree):
@@ -164,6 +218,26 @@ def gather(tree):
   from jax.experimental import multihost_utils
 
   return jax.tree.map(np.asarray, multihost_utils.process_allgather(tree, tiled=True))
+
+
+def shard_shapes(tree) -> dict:
+  """The shape of the slice of each leaf that this process's first device holds."""
+  device = jax.local_devices()[0]
+  return jax.tree.map(
+    lambda a: [s.data.shape for s in a.addressable_shards if s.device == device][0], tree
+  )
+
+
+def start(config: Config):
+  """The mesh, the optimizer, and every worker's initial params and state.
+
+  The state is made by ``tx.init`` on the workers, so that it is split like its
+  parameter (the anchor, Adam's moments, the low-rank moments' kept dimension).
+  """
+  mesh = make_mesh(config)
+  tx = make_optimizer(config)
+  params = to_workers(init_params(config.seed), mesh, PARAM_SPECS, mesh.shape[AXIS])
+  return mesh, tx, params, on_workers(tx.init, mesh)(params)
 
 
 def train(config: Config, checkpoint_dir: str | None = None) -> dict:
@@ -174,16 +248,12 @@ def train(config: Config, checkpoint_dir: str | None = None) -> dict:
   """
   import lordo_jax
 
-  workers = jax.device_count()
-  mesh = jax.make_mesh((workers,), (AXIS,))
-  tx = make_optimizer(config)
+  mesh, tx, params, state = start(config)
+  workers = mesh.shape[AXIS]
   step = make_step(tx, mesh)
-  params0 = init_params(config.seed)
-  params = to_workers(params0, mesh, workers)
-  state = to_workers(jax.device_get(tx.init(params0)), mesh, workers)
   losses = []
   for t in range(config.steps):
-    x, y = to_workers(global_batch(config, workers, t), mesh)
+    x, y = to_workers(global_batch(config, workers, t), mesh, BATCH_SPECS)
     params, state, loss = step(params, state, x, y)
     jax.block_until_ready((params, state, loss))  # jaxlib 0.10 CPU: one program at a time
     losses.append(loss)
@@ -196,7 +266,13 @@ def train(config: Config, checkpoint_dir: str | None = None) -> dict:
     "losses": [float(loss.mean()) for loss in gather(losses)],
     "communicated_bytes": lordo_jax.communicated_bytes(jax.device_get(gather(state))),
     "workers": workers,
+    "fsdp": config.fsdp,
     "processes": jax.process_count(),
+    # The processes each worker group's devices belong to: one each.
+    "group_processes": [sorted({d.process_index for d in row}) for row in mesh.devices],
+    # What one device holds: with FSDP a 1/F slice of its worker's params and anchor.
+    "param_shards": shard_shapes(params),
+    "anchor_shards": shard_shapes(state.anchor),
   }
 
 
@@ -204,12 +280,7 @@ def restore_and_gather(config: Config, checkpoint_dir: str) -> dict:
   """The params of a checkpoint written by :func:`train`, restored on this run's mesh."""
   from lordo_jax import checkpoint
 
-  workers = jax.device_count()
-  mesh = jax.make_mesh((workers,), (AXIS,))
-  tx = make_optimizer(config)
-  params0 = init_params(config.seed)
-  params_like = to_workers(params0, mesh, workers)
-  state_like = to_workers(jax.device_get(tx.init(params0)), mesh, workers)
+  _, _, params_like, state_like = start(config)
   params, _ = checkpoint.restore(checkpoint_dir, config.steps, params_like, state_like)
   return gather(params)
 
@@ -231,6 +302,10 @@ def main(argv=None) -> None:
   parser.add_argument("--local-devices", type=int, default=8, help="CPU devices per process")
   parser.add_argument("--steps", type=int, default=Config.steps)
   parser.add_argument("--sync-every", type=int, default=Config.sync_every)
+  parser.add_argument(
+    "--fsdp", type=int, default=Config.fsdp, help="devices per worker group (FSDP inside it)"
+  )
+  parser.add_argument("--projection", default=Config.projection, help="LoRDO's basis method")
   parser.add_argument("--out", required=True, help="where process 0 writes its results")
   parser.add_argument("--checkpoint-dir", help="save the final params and state here")
   parser.add_argument("--restore-from", help="also restore this run's checkpoint and report it")
@@ -249,15 +324,18 @@ def main(argv=None) -> None:
       # By default the coordinator listens on every interface; a local run needs none.
       coordinator_bind_address=f"127.0.0.1:{port}" if local else None,
     )
-  config = Config(steps=args.steps, sync_every=args.sync_every)
+  config = Config(
+    steps=args.steps, sync_every=args.sync_every, fsdp=args.fsdp, projection=args.projection
+  )
   results = train(config, checkpoint_dir=args.checkpoint_dir)
   restored = restore_and_gather(config, args.restore_from) if args.restore_from else None
   if jax.process_index() == 0:
     write_results(results, pathlib.Path(args.out), restored)
     print(
       f"{results['processes']} process(es) x {jax.local_device_count()} devices: "
-      f"{results['workers']} workers, loss {results['losses'][0]:.4f} -> "
-      f"{results['losses'][-1]:.4f}, {results['communicated_bytes']:,} bytes sent per worker",
+      f"{results['workers']} workers x {results['fsdp']}-way FSDP, "
+      f"loss {results['losses'][0]:.4f} -> {results['losses'][-1]:.4f}, "
+      f"{results['communicated_bytes']:,} bytes sent per worker",
       flush=True,
     )
 
