@@ -25,6 +25,7 @@ from lordo_jax.methods.local_updates import local_adam
 from lordo_jax.methods.lordo import lordo
 from lordo_jax.methods.lordo import lordo_global_projection_only
 from lordo_jax.methods.lordo import lordo_local_projection
+from lordo_jax.placement import state_sharding
 from lordo_jax.precision import in_float32
 from lordo_jax.projection import DCTBasis
 from lordo_jax.projection import compute_projection
@@ -69,6 +70,7 @@ __all__ = [
   "quasi_hyperbolic_mix",
   "scale_by_low_rank_adam",
   "state_bytes",
+  "state_sharding",
   "sync_steps",
   "synchronize",
   "TwoSidedBasis",
