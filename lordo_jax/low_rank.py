@@ -13,15 +13,16 @@ case (Q is ``p x r``; the right case is the left case of the transpose):
 
 The basis is a strategy (:mod:`lordo_jax.bases`): each matrix's
 :class:`~lordo_jax.bases.BasisStrategy` says how Q is computed (``svd``,
-``subspace_iteration``, ``dct``; two-sided ``svd``, ``randomized_svd``), on which side
-it projects, and how :math:`c = \mathrm{project}(Q, A)` and
-:math:`L = \mathrm{unproject}(Q, X)` are formed. This module never asks which
-method it holds. The step works on each leaf's own ``p x q`` matrix and never
-transposes it: the coordinates, moments and denominator are ``r x q`` on the left,
-``p x r`` on the right (:mod:`lordo_jax.bases.one_sided`) and ``r x r`` two-sided
-(TSR-Adam, :mod:`lordo_jax.bases.two_sided`: :math:`C = U^\top A V`,
-:math:`L = U X V^\top`, and the full-rank scale is then a scalar). Each basis
-matrix is formed once per step and used by both products.
+``subspace_iteration``, ``dct``, ``randomized_svd``; two-sided ``svd``,
+``randomized_svd``), on which side it projects, and how
+:math:`c = \mathrm{project}(Q, A)` and :math:`L = \mathrm{unproject}(Q, X)` are
+formed. This module never asks which method it holds. The step works on each leaf's
+own ``p x q`` matrix and never transposes it: the coordinates, moments and
+denominator are ``r x q`` on the left, ``p x r`` on the right
+(:mod:`lordo_jax.bases.one_sided`) and ``r x r`` two-sided (TSR-Adam,
+:mod:`lordo_jax.bases.two_sided`: :math:`C = U^\top A V`, :math:`L = U X V^\top`,
+and the full-rank scale is then a scalar). Each basis matrix is formed once per step
+and used by both products.
 
 The error buffer E exists only with ``error_feedback=True``. When the basis is
 refreshed, the moments are carried into the new one (``transport``, SPEC 4.6):
@@ -119,16 +120,10 @@ def check_projection(
   who: str, projection: str, *, two_sided: bool, side: str, full_rank_scale: str
 ) -> None:
   """The projection options, checked together: one-sided methods, or two-sided ones."""
-  one_sided_methods, two_sided_methods = tuple(bases_lib.ONE_SIDED), tuple(bases_lib.TWO_SIDED)
   if not two_sided:
-    if projection in two_sided_methods and projection not in one_sided_methods:
-      raise ValueError(
-        f"{who}: projection={projection!r} is the two-sided refresh; use it with "
-        f"two_sided=True, or one of {one_sided_methods} for one-sided projection."
-      )
-    checks.one_of(who, "projection", projection, one_sided_methods)
+    checks.one_of(who, "projection", projection, tuple(bases_lib.ONE_SIDED))
     return
-  checks.one_of(who, "projection", projection, two_sided_methods)
+  checks.one_of(who, "projection", projection, tuple(bases_lib.TWO_SIDED))
   if side != "auto":
     raise ValueError(
       f"{who}: side={side!r} is not accepted with two_sided=True; expected 'auto' "
@@ -445,8 +440,8 @@ def scale_by_low_rank_adam(
       low-rank Adam (GaLore).
     mu: rescaling of the full-rank term ``G / (mu s)``.
     full_rank_scale: ``"scalar"`` or ``"vector"``: how ``s`` is taken from D.
-    projection: ``"svd"``, ``"subspace_iteration"`` or ``"dct"``; with
-      ``two_sided=True``, ``"svd"`` or ``"randomized_svd"``.
+    projection: ``"svd"``, ``"subspace_iteration"``, ``"dct"`` or
+      ``"randomized_svd"``; with ``two_sided=True``, ``"svd"`` or ``"randomized_svd"``.
     side: ``"auto"``, ``"left"`` or ``"right"`` (``"auto"`` when two-sided).
     transport: ``"rotate"``, ``"keep"`` or ``"reset"``: moments at a refresh.
     error_feedback: keep the residual ``E = A - Q Q^T A`` (two-sided:

@@ -12,8 +12,8 @@ Each step :func:`projected_mean` takes the low-rank step of
 :mod:`lordo_jax.low_rank` apart and averages between its pieces:
 
 1. on a refresh step (``refresh_due``), the bases of the workers' mean gradient:
-   the ``p x q`` gradient averaged, or, for a two-sided ``randomized_svd``, only
-   its sketches (``(p + q)(r + \text{oversample})`` elements per pass);
+   the ``p x q`` gradient averaged, or, for ``randomized_svd``, only its sketches
+   (``(p + q)(r + \text{oversample})`` elements per pass, one- or two-sided);
 2. ``project``: :math:`c_m = \mathrm{project}(Q, G_m)` (``r x q``, ``p x r``, or
    ``r x r`` two-sided);
 3. :math:`\bar c = \mathrm{mean}_m c_m`, the only message of an ordinary step;

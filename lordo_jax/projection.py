@@ -32,7 +32,9 @@ from lordo_jax.bases.dct import DCTBasis
 from lordo_jax.bases.dct import dct_columns
 from lordo_jax.bases.strategy import canonical_signs
 
-METHODS = tuple(bases.ONE_SIDED)
+# The deterministic one-sided methods: a randomized refresh needs a key, which this
+# function-level API does not take (``randomized_svd`` is a strategy's only).
+METHODS = ("svd", "subspace_iteration", "dct")
 
 Basis = jax.Array | DCTBasis
 

@@ -68,3 +68,22 @@ def orthonormality_error(q):
   """:math:`\\max |Q^\\top Q - I|`."""
   q = np.asarray(q, np.float64)
   return float(np.max(np.abs(q.T @ q - np.eye(q.shape[1]))))
+
+
+def randomized_range(x, omega, power_iterations):
+  """Halko's range finder: Q = qr(X Omega), then k times Q = qr(X qr(X^T Q))."""
+  x, omega = np.asarray(x, np.float64), np.asarray(omega, np.float64)
+  q = np.linalg.qr(x @ omega)[0]
+  for _ in range(power_iterations):
+    q = np.linalg.qr(x @ np.linalg.qr(x.T @ q)[0])[0]
+  return q
+
+
+def one_sided_randomized(x, omega, rank, power_iterations, left):
+  """One-sided randomized SVD: Q U_B[:, :r], B = Q^T X, Q the range of X from the
+  ``q x l`` sketch omega (left); the left case of X^T from a ``p x l`` omega (right).
+  Canonical signs."""
+  x = np.asarray(x, np.float64) if left else np.asarray(x, np.float64).T
+  q = randomized_range(x, omega, power_iterations)
+  u_b = np.linalg.svd(q.T @ x, full_matrices=False)[0]
+  return canonical(q @ u_b[:, :rank])

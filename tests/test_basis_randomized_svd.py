@@ -1,4 +1,6 @@
-"""The randomized-SVD strategy (``lordo_jax/bases/randomized_svd.py``) and its bases of a mean.
+"""The randomized-SVD strategies and their bases of a mean: two-sided
+(``lordo_jax/bases/randomized_svd.py``) and one-sided
+(``lordo_jax/bases/one_sided_randomized_svd.py``, against ``basis_numpy.one_sided_randomized``).
 
 The refresh is checked against the algorithm of the module's docstring written in
 NumPy (float64), fed the same Gaussian sketch (drawn from the key with
@@ -193,3 +195,113 @@ def test_bases_of_mean_with_the_identity_are_each_matrix_own_refresh_first_or_no
     np.testing.assert_allclose(basis.right, want.right, atol=1e-6)
     np.testing.assert_array_equal(kept.left, previous[1].left)
     np.testing.assert_array_equal(kept.right, previous[1].right)
+
+
+# One-sided (lordo_jax/bases/one_sided_randomized_svd.py): Q on the side SPEC section 2
+# picks, from the same range finder, checked against basis_numpy.one_sided_randomized.
+
+
+def one_sided(oversample=3, power_iterations=1, side="auto"):
+  options = bases.Options(
+    rank=RANK, side=side, oversample=oversample, power_iterations=power_iterations
+  )
+  return bases.method("randomized_svd", two_sided=False, options=options)
+
+
+def one_sided_reference(x, key, oversample, power_iterations, left):
+  """basis_numpy's algorithm, fed the sketch the key draws (``q x l``, or ``p x l``)."""
+  width = min(RANK + oversample, *x.shape)
+  rows = x.shape[1] if left else x.shape[0]
+  omega = jax.random.normal(key, (rows, width), jnp.float32)
+  return ref.one_sided_randomized(x, omega, RANK, power_iterations, left)
+
+
+@pytest.mark.parametrize("p, q", [(30, 20), (20, 30)])
+def test_one_sided_shapes_side_and_init(p, q):
+  s = one_sided().strategy(p, q)
+  left = p >= q
+  assert s.side == ("left" if left else "right") and s.first is None
+  assert s.coordinates_shape == ((RANK, q) if left else (p, RANK))
+  n = p if left else q
+  np.testing.assert_array_equal(s.init(None), np.zeros((n, RANK)))
+  random = s.init(jax.random.key(0))
+  assert random.shape == (n, RANK) and ref.orthonormality_error(random) < 1e-5
+  assert one_sided().bases_of_mean is not strategy_lib.bases_of_mean  # averages sketches
+
+
+@pytest.mark.parametrize("p, q, oversample, power_iterations", CASES)
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_a_one_sided_refresh_is_the_sketched_algorithm_with_the_keys_sketch(
+  p, q, oversample, power_iterations, side
+):
+  x = slow_decay(p, q, seed=p + q)
+  key = jax.random.key(12)
+  s = one_sided(oversample, power_iterations, side).strategy(p, q)
+  basis, ok = s.compute(jnp.asarray(x, jnp.float32), s.init(None), key)
+  assert bool(ok) and basis.dtype == jnp.float32
+  want = one_sided_reference(x, key, oversample, power_iterations, side == "left")
+  np.testing.assert_allclose(basis, want, atol=1e-4)
+  if power_iterations == 0:  # The reference's sketch is the key's: another key differs.
+    other, _ = s.compute(jnp.asarray(x, jnp.float32), s.init(None), jax.random.key(13))
+    assert np.max(np.abs(np.asarray(other) - want)) > 1e-3
+
+
+@pytest.mark.parametrize("p, q", [(30, 20), (20, 30)])
+def test_one_sided_on_a_spectral_gap_is_the_top_singular_subspace(p, q):
+  """Rank 4 plus noise 1e-3: one power iteration brings Q to the top-2 singular
+  vectors of its side to 1e-5, signs included (none leaves it at about 1e-3)."""
+  rng = np.random.default_rng(3)
+  low_rank = ref.separated(p, q, 4, seed=4, top=(10.0, 7.0, 5.0, 3.5), tail=(0.0, 0.0))
+  x = low_rank + 1e-3 * rng.standard_normal((p, q))
+  want = ref.top_left(x, RANK) if p >= q else ref.top_right(x, RANK)
+  for power_iterations, tolerance in ((0, 1e-2), (1, 1e-5)):
+    s = one_sided(oversample=3, power_iterations=power_iterations).strategy(p, q)
+    basis, ok = s.compute(jnp.asarray(x, jnp.float32), s.init(None), jax.random.key(8))
+    assert bool(ok)
+    assert ref.largest_angle(basis, want) < tolerance
+  np.testing.assert_allclose(basis, want, atol=1e-5)
+
+
+def test_a_one_sided_non_finite_matrix_keeps_the_previous_basis():
+  s = one_sided().strategy(30, 20)
+  previous = s.init(jax.random.key(4))
+  x = slow_decay(30, 20, seed=2)
+  x[3, 1] = np.inf
+  basis, ok = s.compute(jnp.asarray(x, jnp.float32), previous, jax.random.key(5))
+  assert not bool(ok)
+  np.testing.assert_array_equal(basis, previous)
+
+
+def test_one_sided_workers_averaging_their_sketches_get_the_bases_of_their_mean_matrix():
+  """Both sides in one call (24 x 20 on the left, 16 x 28 on the right), each pass one
+  message shared by both matrices, none of them p x q."""
+  m = one_sided(oversample=3, power_iterations=1)
+  strategies = [m.strategy(*shape) for shape in SHAPES]
+  assert [s.side for s in strategies] == ["left", "right"]
+  keys = [jax.random.key(22), jax.random.key(23)]
+  per_worker = [
+    [slow_decay(*shape, seed=10 * w + i) for i, shape in enumerate(SHAPES)] for w in range(WORKERS)
+  ]
+  previous = [s.init(None) for s in strategies]
+  messages = []
+
+  def mean(products):
+    messages.append([x.shape for x in products])
+    return [jax.lax.pmean(x, "workers") for x in products]
+
+  def refresh(matrices):
+    return m.bases_of_mean(strategies, matrices, previous, keys, False, mean)
+
+  stacked = [jnp.asarray(np.stack([w[i] for w in per_worker]), jnp.float32) for i in range(2)]
+  got = jax.jit(jax.vmap(refresh, axis_name="workers"))(stacked)
+
+  assert len(messages) == 2 + 2 * 1
+  for shapes in messages:
+    assert len(shapes) == 2 and not set(shapes) & set(SHAPES)
+  for i, (key, s) in enumerate(zip(keys, strategies, strict=True)):
+    mean_matrix = sum(w[i] for w in per_worker) / WORKERS
+    want = one_sided_reference(mean_matrix, key, 3, 1, s.side == "left")
+    basis, ok = got[i]
+    for w in range(WORKERS):
+      assert bool(ok[w])
+      np.testing.assert_allclose(basis[w], want, atol=1e-4)

@@ -40,6 +40,9 @@ METHODS = {
   "lordo_randomized_svd": lambda: lordo_jax.lordo(
     1e-2, rank=2, sync_every=2, axis_name=AXIS, two_sided=True, projection="randomized_svd"
   ),
+  "lordo_one_sided_randomized_svd": lambda: lordo_jax.lordo(
+    1e-2, rank=2, sync_every=2, axis_name=AXIS, projection="randomized_svd"
+  ),
   "ddp": lambda: lordo_jax.ddp(1e-2, axis_name=AXIS),
   "low_rank_ddp": lambda: lordo_jax.low_rank_ddp(1e-2, rank=2, refresh_every=3, axis_name=AXIS),
   "low_rank_ddp_projected": lambda: lordo_jax.low_rank_ddp(
@@ -239,6 +242,15 @@ def test_subspace_iteration_on_a_split_basis_dimension_matches_the_unsharded_run
   _assert_same_run(method, mesh, BASIS_SPLIT_SPECS)
 
 
+def test_one_sided_randomized_svd_on_a_split_basis_dimension_matches_the_unsharded_run():
+  """The sketches ``X Omega`` (``n x l``) split by rows: Cholesky-QR2 instead of a
+  gathered QR, and only the ``l x q`` core made whole for its SVD. ``Explicit`` axes
+  only: with ``Auto`` the program is the unsplit one (the compiler places the data),
+  which the FSDP test runs."""
+  mesh = jax.make_mesh((4, 2), (AXIS, "fsdp"))
+  _assert_same_run("lordo_one_sided_randomized_svd", mesh, BASIS_SPLIT_SPECS)
+
+
 def full_matrix_gathers(hlo: str, shapes) -> list[str]:
   """The all-gathers in ``hlo`` whose result has as many elements as a ``p x q`` matrix."""
   sizes = {p * q for p, q in shapes}
@@ -282,15 +294,23 @@ def optimizer_step_hlo(method: str, mesh, specs, optimizer: bool = True) -> str:
 
 @pytest.mark.parametrize("specs", [FSDP_SPECS, BASIS_SPLIT_SPECS], ids=["fsdp", "basis_split"])
 def test_a_products_only_refresh_never_gathers_a_matrix(specs):
-  """The compiled optimizer step (local and sync branches) adds no all-gather of a
-  p x q matrix to those of a step that does nothing (JAX 0.10's partially manual
-  ``shard_map`` gathers every split input at its boundary; JAX 0.12 does not); the
-  SVD refresh does add some (the check can fail)."""
+  """The compiled optimizer step (local and sync branches) of subspace iteration and
+  of the one- and two-sided randomized SVD adds no all-gather of a p x q matrix to
+  those of a step that does nothing (JAX 0.10's partially manual ``shard_map``
+  gathers every split input at its boundary; JAX 0.12 does not); the SVD refresh
+  does add some (the check can fail)."""
   mesh = jax.make_mesh((4, 2), (AXIS, "fsdp"))
   shapes = [a.shape for a in _params().values() if a.ndim == 2]
   boundary = full_matrix_gathers(optimizer_step_hlo("ddp", mesh, specs, optimizer=False), shapes)
-  products = full_matrix_gathers(
-    optimizer_step_hlo("lordo_subspace_iteration_random", mesh, specs), shapes
-  )
+  products = {
+    method: full_matrix_gathers(optimizer_step_hlo(method, mesh, specs), shapes)
+    for method in (
+      "lordo_subspace_iteration_random",
+      "lordo_one_sided_randomized_svd",
+      "lordo_randomized_svd",
+    )
+  }
   svd = full_matrix_gathers(optimizer_step_hlo("lordo_svd", mesh, specs), shapes)
-  assert len(products) <= len(boundary) < len(svd), (products, boundary, svd)
+  assert len(boundary) < len(svd), (boundary, svd)
+  for method, gathers in products.items():
+    assert len(gathers) <= len(boundary), (method, gathers, boundary)

@@ -223,7 +223,7 @@ def test_two_sided_state_is_smaller_and_its_moments_are_r_by_r():
 @pytest.mark.parametrize(
   ("kwargs", "pattern"),
   [
-    ({"projection": "randomized_svd"}, r"projection='randomized_svd'.*two_sided=True"),
+    ({"projection": "qr"}, r"projection='qr'.*'dct', 'randomized_svd'"),
     ({"two_sided": True, "projection": "dct"}, r"projection='dct'.*'svd', 'randomized_svd'"),
     ({"two_sided": True, "side": "left"}, r"side='left'.*two_sided=True.*'auto'"),
     ({"two_sided": True, "full_rank_scale": "vector"}, r"full_rank_scale='vector'.*'scalar'"),

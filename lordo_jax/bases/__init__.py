@@ -9,7 +9,9 @@ overlap and carry of one ``p x q`` matrix's basis, its side known). One-sided
 * ``svd`` (:mod:`lordo_jax.bases.svd`): the first r singular vectors;
 * ``subspace_iteration`` (:mod:`lordo_jax.bases.subspace_iteration`): warm-started
   from the previous basis, an SVD first;
-* ``dct`` (:mod:`lordo_jax.bases.dct`): the r best-scoring DCT-II frequencies.
+* ``dct`` (:mod:`lordo_jax.bases.dct`): the r best-scoring DCT-II frequencies;
+* ``randomized_svd`` (:mod:`lordo_jax.bases.one_sided_randomized_svd`): from a
+  Gaussian sketch, which workers average instead of their matrices.
 
 Two-sided (U and V, an ``r x r`` core, :mod:`lordo_jax.bases.two_sided`):
 
@@ -31,6 +33,7 @@ Examples:
 """
 
 from lordo_jax.bases import dct
+from lordo_jax.bases import one_sided_randomized_svd
 from lordo_jax.bases import randomized_svd
 from lordo_jax.bases import subspace_iteration
 from lordo_jax.bases import svd
@@ -39,7 +42,12 @@ from lordo_jax.bases.strategy import BasisStrategy
 from lordo_jax.bases.strategy import Method
 from lordo_jax.bases.strategy import Options
 
-ONE_SIDED = {"svd": svd.method, "subspace_iteration": subspace_iteration.method, "dct": dct.method}
+ONE_SIDED = {
+  "svd": svd.method,
+  "subspace_iteration": subspace_iteration.method,
+  "dct": dct.method,
+  "randomized_svd": one_sided_randomized_svd.method,
+}
 TWO_SIDED = {"svd": two_sided_svd.method, "randomized_svd": randomized_svd.method}
 
 

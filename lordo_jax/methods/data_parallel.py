@@ -231,8 +231,10 @@ def low_rank_ddp(
   * ``"full"`` (default; DDP + GaLore, the paper's baseline): the full gradient
     every step, ``pq`` elements per matrix;
   * ``"projected"``: the coordinates ``c`` (``rq``) every step, plus the full
-    gradient on refresh steps (``pq / T`` per step on average). It needs
-    ``omega = 1`` and ``error_feedback=False``, which use the full gradient.
+    gradient on refresh steps (``pq / T`` per step on average), or with
+    ``projection="randomized_svd"`` only its sketches (``n x l`` products with it,
+    :math:`l = r + \text{oversample}`, per pass). It needs ``omega = 1`` and
+    ``error_feedback=False``, which use the full gradient.
 
   ``two_sided=True`` is TSR-Adam (:mod:`lordo_jax.two_sided`): the moments are the
   ``r x r`` cores :math:`U^\top \bar G V`; with ``communicate="projected"`` the
@@ -251,8 +253,8 @@ def low_rank_ddp(
     mu: rescaling of the full-rank term.
     b1, b2, eps: Adam's parameters.
     weight_decay: decoupled weight decay, as in ``optax.adamw``.
-    projection: ``"svd"``, ``"subspace_iteration"`` or ``"dct"``; two-sided:
-      ``"svd"`` or ``"randomized_svd"``.
+    projection: ``"svd"``, ``"subspace_iteration"``, ``"dct"`` or
+      ``"randomized_svd"``; two-sided: ``"svd"`` or ``"randomized_svd"``.
     side: ``"auto"``, ``"left"`` or ``"right"``.
     transport: moments at a refresh: ``"keep"`` (GaLore), ``"rotate"`` or
       ``"reset"``.

@@ -88,8 +88,8 @@ def lordo(
     mu: rescaling of the full-rank term.
     b1, b2, eps: Adam's parameters.
     weight_decay: decoupled weight decay, as in ``optax.adamw``.
-    projection: ``"svd"``, ``"subspace_iteration"`` or ``"dct"``; two-sided:
-      ``"svd"`` or ``"randomized_svd"``.
+    projection: ``"svd"``, ``"subspace_iteration"``, ``"dct"`` or
+      ``"randomized_svd"``; two-sided: ``"svd"`` or ``"randomized_svd"``.
     side: ``"auto"``, ``"left"`` or ``"right"``.
     transport: ``"rotate"``, ``"keep"`` or ``"reset"``.
     error_feedback: keep and feed back the projection residual (off by default,

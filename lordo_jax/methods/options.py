@@ -43,7 +43,7 @@ class LowRankStep(NamedTuple):
   omega: float  # Weight of the low-rank term of the quasi-hyperbolic mix.
   mu: float  # Rescaling of the full-rank term.
   full_rank_scale: str  # "scalar" or "vector".
-  projection: str  # "svd", "subspace_iteration", "dct"; two-sided "randomized_svd".
+  projection: str  # "svd", "subspace_iteration", "dct", "randomized_svd"; two-sided "svd" too.
   side: str  # "auto", "left" or "right".
   transport: str  # The moments at a refresh: "rotate", "keep" or "reset".
   error_feedback: bool  # Keep and feed back the projection residual.
