@@ -78,7 +78,7 @@ PRODUCTS_ONLY = {
 # MLP is tensor-parallel too (up's columns and down's rows, Megatron style).
 FSDP_SPECS = {"up": P(AXIS, "fsdp", None), "down": P(AXIS, None, "fsdp"), "bias": P(AXIS, "fsdp")}
 # Each matrix split along the dimension its basis spans (rows on the left, columns on
-# the right): subspace iteration's n x r factor stays split (Cholesky-QR2).
+# the right): subspace iteration's n x r factor stays split (shifted Cholesky-QR).
 BASIS_SPLIT_SPECS = {
   "up": P(AXIS, None, "fsdp"),
   "down": P(AXIS, "fsdp", None),
@@ -237,13 +237,13 @@ def test_the_state_of_a_sharded_parameter_is_sharded_like_it(method):
 @pytest.mark.parametrize("axis_type", [AxisType.Explicit, AxisType.Auto], ids=["explicit", "auto"])
 @pytest.mark.parametrize("method", ["lordo_subspace_iteration", "lordo_subspace_iteration_random"])
 def test_subspace_iteration_on_a_split_basis_dimension_matches_the_unsharded_run(method, axis_type):
-  """The n x r factor stays split by rows: Cholesky-QR2 instead of a gathered QR."""
+  """The n x r factor stays split by rows: shifted Cholesky-QR instead of a gathered QR."""
   mesh = jax.make_mesh((4, 2), (AXIS, "fsdp"), axis_types=(axis_type,) * 2)
   _assert_same_run(method, mesh, BASIS_SPLIT_SPECS)
 
 
 def test_one_sided_randomized_svd_on_a_split_basis_dimension_matches_the_unsharded_run():
-  """The sketches ``X Omega`` (``n x l``) split by rows: Cholesky-QR2 instead of a
+  """The sketches ``X Omega`` (``n x l``) split by rows: shifted Cholesky-QR instead of a
   gathered QR, and only the ``l x q`` core made whole for its SVD. ``Explicit`` axes
   only: with ``Auto`` the program is the unsplit one (the compiler places the data),
   which the FSDP test runs."""

@@ -25,7 +25,7 @@ its top-r eigenvectors would err by about
 the right), so where X is split over a worker group's ``Explicit`` mesh axes,
 gathering B for its SVD is cheap. Every product with X goes through
 :func:`lordo_jax.bases.layout.product` and every ``n x l`` factor through
-:func:`lordo_jax.bases.layout.orthonormal` (Cholesky-QR2 when split by rows, which
+:func:`lordo_jax.bases.layout.orthonormal` (shifted Cholesky-QR when split by rows, which
 needs the factor well conditioned: a failed refresh keeps the previous basis), so
 nothing ``p x q`` is gathered.
 

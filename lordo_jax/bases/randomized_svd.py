@@ -25,7 +25,7 @@ argument, and is this method's :attr:`~lordo_jax.bases.strategy.Method.bases_of_
 Nothing ``p x q`` is gathered either when X is split over a worker group's
 ``Explicit`` mesh axes: every product with X is :func:`lordo_jax.bases.layout.product`
 (a split inner dimension summed inside the group), every ``n x l`` factor is
-orthonormalised by :func:`lordo_jax.bases.layout.orthonormal` (Cholesky-QR2 when it is
+orthonormalised by :func:`lordo_jax.bases.layout.orthonormal` (shifted Cholesky-QR when it is
 split by rows), and only the ``l x q`` core is made whole for its SVD.
 
 References:
