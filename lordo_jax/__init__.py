@@ -37,6 +37,7 @@ from lordo_jax.schedules import sync_steps
 from lordo_jax.sync import SynchronizeState
 from lordo_jax.sync import synchronize
 from lordo_jax.two_sided import TwoSidedBasis
+from lordo_jax.warm_start import warm_start_state
 
 __version__ = "0.1.0"
 
@@ -74,4 +75,5 @@ __all__ = [
   "sync_steps",
   "synchronize",
   "TwoSidedBasis",
+  "warm_start_state",
 ]

@@ -11,6 +11,13 @@ case (Q is ``p x r``; the right case is the left case of the transpose):
   L = Q \left(\frac{u / (1 - \beta_1^t)}{D}\right) \\
   \text{direction} &= (1 - \omega) \frac{G}{\mu s} + \omega L
 
+Three variants of the authors' code (``docs/FIDELITY.md``), each off by default:
+``qh_nu`` :math:`= \nu < 1` is QHAdam inside the projection,
+:math:`L = Q\,((1 - \nu) c + \nu \hat u) / D`; ``low_rank_term="momentum"`` leaves
+out the division by D, :math:`L = Q \hat u` (the update the authors' code applies);
+``full_rank_numerator="error_fed"`` puts the error-fed gradient in the full-rank
+term, :math:`(G + E_\text{before}) / (\mu s)`.
+
 The basis is a strategy (:mod:`lordo_jax.bases`): each matrix's
 :class:`~lordo_jax.bases.BasisStrategy` says how Q is computed (``svd``,
 ``subspace_iteration``, ``dct``, ``randomized_svd``; two-sided ``svd``,
@@ -59,10 +66,13 @@ from lordo_jax import bases as bases_lib
 from lordo_jax import checks
 from lordo_jax import routing
 from lordo_jax.bases import layout
+from lordo_jax.quasi_hyperbolic import qh_momentum
 from lordo_jax.quasi_hyperbolic import quasi_hyperbolic_mix
 
 TRANSPORTS = ("rotate", "keep", "reset")
-SIDES = ("auto", "left", "right")
+SIDES = ("auto", "left", "right", "galore_std")
+FULL_RANK_NUMERATORS = ("gradient", "error_fed")
+LOW_RANK_TERMS = ("adam", "momentum")
 INIT_PROJECTIONS = ("gradient", "random", "external")
 
 
@@ -134,6 +144,29 @@ def check_projection(
       f"{who}: full_rank_scale={full_rank_scale!r} is not accepted with "
       "two_sided=True; expected 'scalar' (the r x r core has no row or column of "
       "the matrix to take a vector scale from)."
+    )
+
+
+def check_step(
+  who: str,
+  *,
+  side: str,
+  qh_nu,
+  low_rank_term: str,
+  full_rank_numerator: str,
+  error_feedback: bool,
+) -> None:
+  """The step's options: ``side``, ``qh_nu`` in [0, 1], the terms' kinds; an error-fed
+  full-rank numerator needs error feedback."""
+  checks.one_of(who, "side", side, SIDES)
+  checks.in_interval(who, "qh_nu", qh_nu, 0.0, 1.0, closed_high=True)
+  checks.one_of(who, "low_rank_term", low_rank_term, LOW_RANK_TERMS)
+  checks.one_of(who, "full_rank_numerator", full_rank_numerator, FULL_RANK_NUMERATORS)
+  if full_rank_numerator == "error_fed" and not error_feedback:
+    raise ValueError(
+      f"{who}: full_rank_numerator='error_fed' is not accepted with "
+      f"error_feedback={error_feedback!r}; its numerator G + E needs the error buffer E. "
+      "Set error_feedback=True, or use full_rank_numerator='gradient'."
     )
 
 
@@ -216,6 +249,9 @@ class _Config(NamedTuple):
   omega: Any
   mu: float
   full_rank_scale: str
+  full_rank_numerator: str
+  qh_nu: Any
+  low_rank_term: str
   transport: str
   error_feedback: bool
   error_feedback_dtype: Any
@@ -381,8 +417,13 @@ def _step(c: _Config, updates, state, projected: Projected):
     new_mu = c.b1 * m.mu + (1 - c.b1) * coordinates
     new_nu = c.b2 * m.nu + (1 - c.b2) * coordinates**2
     denominator = jnp.sqrt(new_nu / (1 - c.b2**count)) + c.eps
-    low_rank_direction = s.unproject(q, (new_mu / (1 - c.b1**count)) / denominator)
+    numerator = qh_momentum(coordinates, new_mu / (1 - c.b1**count), c.qh_nu)
+    if c.low_rank_term == "adam":
+      numerator = numerator / denominator
+    low_rank_direction = s.unproject(q, numerator)
     matrix = routing.to_matrix(g, a).astype(jnp.float32)
+    if c.full_rank_numerator == "error_fed":
+      matrix = matrix + m.error.astype(jnp.float32)
     direction = quasi_hyperbolic_mix(
       matrix, low_rank_direction, denominator, c.omega, c.mu, c.full_rank_scale, side=s.side
     )
@@ -413,6 +454,9 @@ def scale_by_low_rank_adam(
   omega: float = 1.0,
   mu: float = 1.0,
   full_rank_scale: str = "scalar",
+  full_rank_numerator: str = "gradient",
+  qh_nu: float = 1.0,
+  low_rank_term: str = "adam",
   projection: str = "svd",
   side: str = "auto",
   transport: str = "rotate",
@@ -440,9 +484,19 @@ def scale_by_low_rank_adam(
       low-rank Adam (GaLore).
     mu: rescaling of the full-rank term ``G / (mu s)``.
     full_rank_scale: ``"scalar"`` or ``"vector"``: how ``s`` is taken from D.
+    full_rank_numerator: ``"gradient"``: the full-rank term is ``G / (mu s)``;
+      ``"error_fed"``: ``(G + E) / (mu s)``, E the error buffer before this step
+      (the LoRDO authors' code; needs ``error_feedback=True``).
+    qh_nu: QHAdam inside the projection: ``L = Q ((1 - nu) c + nu u_hat) / D``;
+      1 (default) is Adam's ``Q u_hat / D``.
+    low_rank_term: ``"adam"``: L as above; ``"momentum"``: L without the division
+      by D, ``Q u_hat`` (the update the LoRDO authors' code applies; for
+      replication only, ``docs/FIDELITY.md`` point 3).
     projection: ``"svd"``, ``"subspace_iteration"``, ``"dct"`` or
       ``"randomized_svd"``; with ``two_sided=True``, ``"svd"`` or ``"randomized_svd"``.
-    side: ``"auto"``, ``"left"`` or ``"right"`` (``"auto"`` when two-sided).
+    side: ``"auto"`` (moments on the smaller dimension: left when p >= q),
+      ``"left"``, ``"right"``, or ``"galore_std"`` (moments on the larger dimension:
+      right when p > q, else left); ``"auto"`` when two-sided.
     transport: ``"rotate"``, ``"keep"`` or ``"reset"``: moments at a refresh.
     error_feedback: keep the residual ``E = A - Q Q^T A`` (two-sided:
       ``A - U C V^T``) and feed it back.
@@ -484,6 +538,14 @@ def scale_by_low_rank_adam(
   """
   who = "scale_by_low_rank_adam"
   check_projection(who, projection, two_sided=two_sided, side=side, full_rank_scale=full_rank_scale)
+  check_step(
+    who,
+    side=side,
+    qh_nu=qh_nu,
+    low_rank_term=low_rank_term,
+    full_rank_numerator=full_rank_numerator,
+    error_feedback=error_feedback,
+  )
   checks.positive_int(who, "rank", rank)
   sketch = dict(oversample=oversample, power_iterations=power_iterations)
   options = bases_lib.Options(
@@ -499,6 +561,9 @@ def scale_by_low_rank_adam(
     omega=omega,
     mu=mu,
     full_rank_scale=full_rank_scale,
+    full_rank_numerator=full_rank_numerator,
+    qh_nu=qh_nu,
+    low_rank_term=low_rank_term,
     transport=transport,
     error_feedback=error_feedback,
     error_feedback_dtype=error_feedback_dtype,

@@ -1,4 +1,4 @@
-r"""The full-rank quasi-hyperbolic mix that keeps the subspace from freezing.
+r"""Quasi-hyperbolic terms: the full-rank mix that keeps the subspace from freezing, and QHAdam.
 
 With a global projection alone every local update lies in span(Q), so the
 pseudo-gradient does too, and its top-r subspace is span(Q) again: the projection
@@ -22,10 +22,24 @@ normalises ``F`` to the scale of ``L``:
 ablation); :math:`\omega` plays the role of QHAdam's immediate-discount factor.
 G and L are the leaf's ``p x q`` matrices on either side; only D's shape and the
 axis ``s`` averages depend on the side.
+
+QHAdam's own mix (Ma & Yarats) weighs the gradient against the bias-corrected first
+moment before Adam's division, :func:`qh_momentum`:
+
+.. math::
+  \text{direction} = \frac{(1 - \nu) g + \nu \hat m}{\sqrt{\hat v} + \epsilon}
+
+:func:`scale_by_qhadam` is that on whole leaves (the full-rank path's ``full_rank_nu``
+of :func:`lordo_jax.lordo`), and :func:`lordo_jax.scale_by_low_rank_adam`'s ``qh_nu``
+is that inside the projection, with the coordinates c in place of g. :math:`\nu = 1`
+is Adam.
 """
+
+import numbers
 
 import jax
 import jax.numpy as jnp
+import optax
 
 FULL_RANK_SCALES = ("scalar", "vector")
 
@@ -71,3 +85,74 @@ def quasi_hyperbolic_mix(
     return low_rank_direction
   scale = full_rank_scale(denominator, kind, side)
   return (1 - omega) * (gradient / (mu * scale)) + omega * low_rank_direction
+
+
+def qh_momentum(gradient: jax.Array, first_moment: jax.Array, nu) -> jax.Array:
+  r"""QHAdam's numerator :math:`(1 - \nu) g + \nu \hat m`; ``first_moment`` itself when nu is 1.
+
+  Args:
+    gradient: g (or the low-rank coordinates c).
+    first_moment: :math:`\hat m`, the bias-corrected first moment, shaped like g.
+    nu: the weight of the first moment, in [0, 1] (a number or an array).
+
+  Returns:
+    The numerator, shaped like g.
+  """
+  if isinstance(nu, numbers.Real) and nu == 1:
+    return first_moment
+  return (1 - nu) * gradient + nu * first_moment
+
+
+def scale_by_qhadam(
+  b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8, nu: float = 0.7
+) -> optax.GradientTransformation:
+  r"""QHAdam: Adam whose numerator mixes the gradient with the first moment.
+
+  .. math::
+    m \leftarrow \beta_1 m + (1 - \beta_1) g, \quad
+    v \leftarrow \beta_2 v + (1 - \beta_2) g^2, \quad
+    \text{direction} = \frac{(1 - \nu) g + \nu\, m / (1 - \beta_1^t)}
+      {\sqrt{v / (1 - \beta_2^t)} + \epsilon}
+
+  :math:`\nu = 1` is ``optax.scale_by_adam``. The state is an
+  ``optax.ScaleByAdamState``, so :func:`lordo_jax.synchronize` averages its moments
+  as it does Adam's.
+
+  Args:
+    b1, b2, eps: Adam's decay rates and denominator offset.
+    nu: QHAdam's immediate discount :math:`\nu`, the weight of the first moment.
+
+  Returns:
+    An ``optax.GradientTransformation``.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from lordo_jax import quasi_hyperbolic
+    >>> tx = quasi_hyperbolic.scale_by_qhadam(nu=0.5)
+    >>> grads = {"b": jnp.array([1.0, -2.0])}
+    >>> updates, state = tx.update(grads, tx.init(grads))
+    >>> updates["b"].round(4)  # step 1: m_hat = g, sqrt(v_hat) = |g|
+    Array([ 1., -1.], dtype=float32)
+
+  References:
+    Ma & Yarats, `Quasi-hyperbolic momentum and Adam for deep learning
+    <https://arxiv.org/abs/1810.06801>`_, ICLR 2019.
+  """
+
+  def init_fn(params):
+    zeros = optax.tree.zeros_like(params)
+    return optax.ScaleByAdamState(count=jnp.zeros([], jnp.int32), mu=zeros, nu=zeros)
+
+  def update_fn(updates, state, params=None):
+    del params
+    first = optax.tree.update_moment(updates, state.mu, b1, 1)
+    second = optax.tree.update_moment_per_elem_norm(updates, state.nu, b2, 2)
+    count = optax.safe_int32_increment(state.count)
+    first_hat = optax.tree.bias_correction(first, b1, count)
+    second_hat = optax.tree.bias_correction(second, b2, count)
+    directions = jax.tree.map(
+      lambda g, m, v: qh_momentum(g, m, nu) / (jnp.sqrt(v) + eps), updates, first_hat, second_hat
+    )
+    return directions, optax.ScaleByAdamState(count=count, mu=first, nu=second)
+
+  return optax.GradientTransformation(init_fn, update_fn)

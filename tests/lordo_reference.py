@@ -18,6 +18,14 @@ step by step:
   initial projection ``"gradient"``.
 * SPEC §5 the three projections (``svd``, ``subspace_iteration``, ``dct``) with
   canonical signs.
+* The LoRDO authors' variants of ``docs/FIDELITY.md`` (TODOs 1-5), each a flag of
+  ``Config`` whose default is the SPEC: the full-rank term's numerator G + E
+  (``full_rank_numerator="error_fed"``), QHAdam inside the projection (``qh_nu``) and
+  on the full-rank path (``full_rank_nu``), the low-rank term without D
+  (``low_rank_term="momentum"``), and GaLore's standard side (``side="galore_std"``:
+  right when p > q, else left).
+* Low-rank DDP (SPEC §6): :func:`run_low_rank_ddp`, §3's step on the workers' mean
+  gradient with the basis refreshed from it every T steps.
 
 Choices made where the SPEC is silent (kept explicit so a mismatch is easy to
 discuss):
@@ -67,6 +75,10 @@ class Config:
   sync_moments_every: int = 1
   subspace_iterations: int = 2
   init_projection: str = "gradient"
+  full_rank_numerator: str = "gradient"  # or "error_fed": F = (G + E_before) / (mu s)
+  qh_nu: float = 1.0  # L = Q (((1 - nu) c + nu uh) / D)
+  low_rank_term: str = "adam"  # or "momentum": L = Q uh (no D)
+  full_rank_nu: float = 1.0  # full-rank path: ((1 - nu) g + nu mh) / (sqrt(vh) + eps)
 
 
 # --------------------------------------------------------------------------- §2
@@ -78,9 +90,15 @@ def is_low_rank(leaf: np.ndarray, rank: int) -> bool:
 
 
 def resolve_side(shape: tuple[int, int], side: str) -> str:
-  """SPEC §2: ``auto`` is ``left`` when p >= q, otherwise ``right``."""
+  """SPEC §2: ``auto`` is ``left`` when p >= q, otherwise ``right``.
+
+  ``galore_std`` keeps the moments on the larger dimension: ``right`` when p > q,
+  otherwise ``left`` (a square matrix on the left).
+  """
   if side == "auto":
     return "left" if shape[0] >= shape[1] else "right"
+  if side == "galore_std":
+    return "right" if shape[0] > shape[1] else "left"
   if side not in ("left", "right"):
     raise ValueError(f"unknown side {side!r}")
   return side
@@ -226,7 +244,12 @@ def low_rank_direction(
   cfg: Config,
   side: str,
 ) -> np.ndarray:
-  """SPEC §3: the quasi-hyperbolic direction of one low-rank leaf; updates ``st``."""
+  """SPEC §3: the quasi-hyperbolic direction of one low-rank leaf; updates ``st``.
+
+  With the variants' flags: the numerator of L is ``(1 - qh_nu) c + qh_nu uh``,
+  divided by D unless ``low_rank_term="momentum"``; the full-rank term's numerator
+  is ``a = G + E`` (E before this step) with ``full_rank_numerator="error_fed"``.
+  """
   a = g + st.e if cfg.error_feedback else g
   c = project(q_basis, a, side)
   if cfg.error_feedback:
@@ -236,18 +259,29 @@ def low_rank_direction(
   uh = st.u / (1 - cfg.b1**t)
   vh = st.v / (1 - cfg.b2**t)
   denom = np.sqrt(vh) + cfg.eps
-  low = unproject(q_basis, uh / denom, side)
-  full = g / (cfg.mu * full_rank_scale(denom, cfg, side))
+  numerator = (1 - cfg.qh_nu) * c + cfg.qh_nu * uh
+  if cfg.low_rank_term == "adam":
+    numerator = numerator / denom
+  elif cfg.low_rank_term != "momentum":
+    raise ValueError(f"unknown low_rank_term {cfg.low_rank_term!r}")
+  low = unproject(q_basis, numerator, side)
+  if cfg.full_rank_numerator not in ("gradient", "error_fed"):
+    raise ValueError(f"unknown full_rank_numerator {cfg.full_rank_numerator!r}")
+  full_numerator = a if cfg.full_rank_numerator == "error_fed" else g
+  full = full_numerator / (cfg.mu * full_rank_scale(denom, cfg, side))
   return (1 - cfg.omega) * full + cfg.omega * low
 
 
 def adam_direction(g: np.ndarray, st: AdamState, t: int, cfg: Config) -> np.ndarray:
-  """SPEC §3 (full-rank path): the Adam direction of AdamW; updates ``st``."""
+  """SPEC §3 (full-rank path): the Adam direction of AdamW; updates ``st``.
+
+  QHAdam's numerator ``(1 - full_rank_nu) g + full_rank_nu mh`` (``mh`` by default).
+  """
   st.m = cfg.b1 * st.m + (1 - cfg.b1) * g
   st.v = cfg.b2 * st.v + (1 - cfg.b2) * g**2
   mh = st.m / (1 - cfg.b1**t)
   vh = st.v / (1 - cfg.b2**t)
-  return mh / (np.sqrt(vh) + cfg.eps)
+  return ((1 - cfg.full_rank_nu) * g + cfg.full_rank_nu * mh) / (np.sqrt(vh) + cfg.eps)
 
 
 # --------------------------------------------------------------------------- §4
@@ -452,6 +486,52 @@ def initial_params(p: int, q: int, seed: int = 0) -> Params:
   """Starting point shared by all workers: small random W (p x q), zero bias."""
   rng = np.random.default_rng(1000 + seed)
   return {"w": 0.1 * rng.standard_normal((p, q)), "b": np.zeros(q)}
+
+
+def run_low_rank_ddp(cfg: Config, params: Params, x: np.ndarray, y: np.ndarray, refresh_every: int):
+  """Low-rank DDP (SPEC §6) on the regression data; ``cfg.sync_every`` is not used.
+
+  One model for all workers. At step t the workers' gradients are averaged,
+  G = mean_m(G_m); at t = 1, T + 1, 2T + 1, ... (T = ``refresh_every``) every
+  low-rank leaf's basis is computed from G (SPEC §5) before the step, and from the
+  second refresh on the moments are transported into it (SPEC §4.6) with the count
+  t - 1 of the steps they hold; then SPEC §3's step on G (error feedback on G), the
+  full-rank path's Adam on G, and update = -lr (direction + wd W).
+
+  Returns ``(trajectory, diagnostics)``: the parameters after every step, and the
+  conditioning of every projection computed (as ``Reference.diagnostics``).
+  """
+  params = {k: np.asarray(v, np.float64).copy() for k, v in params.items()}
+  sides = {
+    k: resolve_side(w.shape, cfg.side) for k, w in params.items() if is_low_rank(w, cfg.rank)
+  }
+  states: dict[str, Any] = {}
+  for k, w in params.items():
+    if k in sides:
+      cshape = (cfg.rank, w.shape[1]) if sides[k] == "left" else (w.shape[0], cfg.rank)
+      states[k] = LowRankState(np.zeros(cshape), np.zeros(cshape), np.zeros_like(w))
+    else:
+      states[k] = AdamState(np.zeros_like(w), np.zeros_like(w))
+  bases: dict[str, np.ndarray] = {}
+  trajectory, diagnostics = [], []
+  for t in range(1, x.shape[0] + 1):
+    per_worker = [regression_grads(params, x[t - 1, m], y[t - 1, m]) for m in range(x.shape[1])]
+    g = {k: np.mean([gm[k] for gm in per_worker], axis=0) for k in params}
+    if (t - 1) % refresh_every == 0:
+      for k, side in sides.items():
+        q_new, diag = compute_projection(g[k], bases.get(k), cfg, side)
+        diagnostics.append({**diag, "leaf": k, "t": t})
+        if k in bases:
+          transport_moments(states[k], bases[k], q_new, t - 1, cfg, side)
+        bases[k] = q_new
+    for k, w in params.items():
+      if k in sides:
+        direction = low_rank_direction(g[k], bases[k], states[k], t, cfg, sides[k])
+      else:
+        direction = adam_direction(g[k], states[k], t, cfg)
+      params[k] = w - cfg.learning_rate * (direction + cfg.weight_decay * w)
+    trajectory.append({k: v.copy() for k, v in params.items()})
+  return trajectory, diagnostics
 
 
 def run(cfg: Config, params: Params, x: np.ndarray, y: np.ndarray):

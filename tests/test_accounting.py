@@ -66,12 +66,15 @@ MATRICES = [
 FULL_RANK = N - sum(p * q for p, q in MATRICES)
 
 
-def low_rank_floats(basis: str = "matrix"):
+def low_rank_floats(basis: str = "matrix", side: str = "auto"):
   """SPEC 8 per matrix, left case pr + 2rq: the basis (n x r, n the larger side;
-  or r int32 indices with dct) and the two r x m moments (m the smaller side)."""
+  or r int32 indices with dct) and the two r x m moments (m the smaller side).
+  ``side="galore_std"`` swaps the sides: an m x r basis and r x n moments."""
   total = 0
   for p, q in MATRICES:
     n, m = max(p, q), min(p, q)
+    if side == "galore_std":
+      n, m = m, n
     total += (n * RANK if basis == "matrix" else RANK) + 2 * RANK * m
   return total
 
@@ -133,6 +136,12 @@ CASES = [
     "lordo, dct",
     lambda: lordo_jax.lordo(1e-3, **lordo_kwargs(projection="dct")),
     4 * (low_rank_floats("dct") + 2 * FULL_RANK),
+    4 * N,
+  ),
+  (
+    "lordo, galore_std",
+    lambda: lordo_jax.lordo(1e-3, **lordo_kwargs(side="galore_std")),
+    4 * (low_rank_floats(side="galore_std") + 2 * FULL_RANK),
     4 * N,
   ),
   (

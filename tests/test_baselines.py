@@ -38,6 +38,8 @@ PQ = {"w": 72, "v": 50, "b": 6}
 ALL = sum(PQ.values())  # 128: every parameter.
 MATRICES = PQ["w"] + PQ["v"]  # 122: the low-rank matrices.
 RQ = RANK * 6 + RANK * 5  # 22: one r x q moment (or coordinate) per matrix.
+# side="galore_std": the moments on the larger dimension, r max(p, q) per matrix.
+R_MAX = RANK * 12 + RANK * 10  # 44
 RR = 2 * RANK * RANK  # 8: one r x r core per matrix (two-sided).
 OVERSAMPLE = 2  # Sketch width l = r + 2 = 4 for both matrices.
 L = RANK + OVERSAMPLE
@@ -133,6 +135,9 @@ METHODS = {
     two_sided=True,
     projection="randomized_svd",
     oversample=OVERSAMPLE,
+  ),
+  "lordo_galore_std": lambda axis: lordo_jax.lordo(
+    LR, rank=RANK, sync_every=K, axis_name=axis, side="galore_std"
   ),
   "lordo_local_projection": lambda axis: lordo_jax.lordo_local_projection(
     LR, rank=RANK, sync_every=K, axis_name=axis
@@ -392,6 +397,11 @@ MESSAGES = {
     (ALL, at_sync(K)),  # the pseudo-gradient
     (2 * RQ + 2 * PQ["b"], at_sync(K)),  # low-rank moments and the bias's Adam moments
   ],
+  "lordo_galore_std": [
+    (MATRICES, lambda t: t == 1),
+    (ALL, at_sync(K)),
+    (2 * R_MAX + 2 * PQ["b"], at_sync(K)),  # moments on the larger side, the bias's Adam
+  ],
   "lordo_local_projection": [(ALL, at_sync(K))],
   "low_rank_ddp_two_sided_full": [(ALL, every_step)],
   "low_rank_ddp_two_sided_projected": [
@@ -421,6 +431,8 @@ def spec_formula(method, n):
     "diloco": (n // K) * ALL,
     # pq + 2rq per matrix and sync; the bias takes DES-LOC's path (pq + 2pq).
     "lordo": MATRICES + (n // K) * (MATRICES + 2 * RQ + 3 * bias),
+    # pq + 2 r max(p, q) per matrix and sync with side="galore_std".
+    "lordo_galore_std": MATRICES + (n // K) * (MATRICES + 2 * R_MAX + 3 * bias),
     "lordo_local_projection": (n // K) * ALL,
     "lordo_global_projection_only": MATRICES + (n // K) * (MATRICES + 2 * RQ + 3 * bias),
     # TSR: r^2 per matrix and step, (p + q) l (1 + 2 k) per matrix and refresh.
@@ -558,6 +570,31 @@ def test_without_the_full_rank_term_the_subspace_never_moves(method, moves):
       lambda: lordo_jax.lordo_local_projection(1e-3, rank=2, sync_every=2, transport="spin"),
       "transport='spin'",
     ),
+    (
+      lambda: lordo_jax.lordo(1e-3, rank=2, sync_every=2, full_rank_numerator="error_fed"),
+      "full_rank_numerator='error_fed' is not accepted with error_feedback=False.*Set "
+      "error_feedback=True",
+    ),
+    (
+      lambda: lordo_jax.low_rank_ddp(1e-3, rank=2, full_rank_numerator="error"),
+      "full_rank_numerator='error'",
+    ),
+    (lambda: lordo_jax.low_rank_ddp(1e-3, rank=2, qh_nu=1.5), "qh_nu=1.5"),
+    (lambda: lordo_jax.lordo(1e-3, rank=2, sync_every=2, full_rank_nu=-0.1), "full_rank_nu=-0.1"),
+    (
+      lambda: lordo_jax.lordo(1e-3, rank=2, sync_every=2, low_rank_term="sgd"),
+      "low_rank_term='sgd'",
+    ),
+    (lambda: lordo_jax.low_rank_ddp(1e-3, rank=2, side="galore"), "side='galore'"),
+    (
+      lambda: lordo_jax.low_rank_ddp(1e-3, rank=2, two_sided=True, side="galore_std"),
+      "side='galore_std' is not accepted with two_sided=True",
+    ),
+    (
+      lambda: lordo_jax.scale_by_low_rank_adam(2, full_rank_numerator="error_fed"),
+      "scale_by_low_rank_adam: full_rank_numerator='error_fed'",
+    ),
+    (lambda: lordo_jax.scale_by_low_rank_adam(2, side="top"), "side='top'"),
   ],
 )
 def test_bad_arguments_are_named(build, match):

@@ -194,6 +194,9 @@ def test_bases_of_mean_over_workers_are_the_bases_of_the_mean_matrices(first):
     (3, 8, "left", True),
     (8, 3, "right", False),
     (5, 5, "right", False),
+    (8, 3, "galore_std", False),  # moments on the larger dimension: p x r
+    (3, 8, "galore_std", True),  # r x q
+    (5, 5, "galore_std", True),  # square: the input side of a Flax kernel, as auto
   ],
 )
 def test_the_side_rule_of_spec_section_2(p, q, side, left):

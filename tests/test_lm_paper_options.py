@@ -4,7 +4,11 @@
 * ``--option METHOD.lr_scale=c``: the method's learning rate times c, exactly;
 * ``--clip-norm c``: each worker's gradient clipped to global norm c before anything
   else (checked through low-rank DDP's error buffer, which is linear in the gradient
-  where Adam's direction is not).
+  where Adam's direction is not);
+* ``--option METHOD.KEY=VALUE`` reaches the library's variants of the authors' code
+  (``full_rank_numerator``, ``qh_nu``, ``full_rank_nu``, ``low_rank_term``,
+  ``side=galore_std``; their maths is checked against the NumPy reference in
+  ``test_reference.py`` and ``test_reference_low_rank_ddp.py``).
 """
 
 import dataclasses
@@ -18,15 +22,17 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+import lordo_jax
+
 pytestmark = pytest.mark.timeout(120, method="thread")
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 sys.path.insert(0, str(EXAMPLES))
+import main  # noqa: E402
 from lm import model  # noqa: E402
 from lm import optimizers  # noqa: E402
 from lm import train  # noqa: E402
-from lm import warm_start  # noqa: E402
 
 sys.path.remove(str(EXAMPLES))
 
@@ -95,10 +101,52 @@ def test_clip_norm_clips_each_worker_gradient_first():
   _, unclipped = one_step("low_rank_ddp", plain_config, grads)
   errors = lambda state: [  # noqa: E731
     np.asarray(s.error)
-    for s in jax.tree.leaves(state, is_leaf=warm_start.is_matrix_state)
-    if warm_start.is_matrix_state(s)
+    for s in jax.tree.leaves(state, is_leaf=lordo_jax.warm_start.is_matrix_state)
+    if lordo_jax.warm_start.is_matrix_state(s)
   ]
   assert len(errors(with_clip)) == len(model.low_rank_shapes(model.PRESETS["tiny"]))
   for a, b, c in zip(errors(with_clip), errors(on_clipped), errors(unclipped), strict=True):
     np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-6)  # fused in the step or not
     assert np.abs(c).max() > 10 * np.abs(a).max()  # the raw gradient's buffer is larger
+
+
+FIDELITY_OPTIONS = [
+  "full_rank_numerator=error_fed",
+  "qh_nu=0.94",
+  "full_rank_nu=0.97",
+  "low_rank_term=momentum",
+  "side=galore_std",
+]
+
+
+@pytest.mark.parametrize("method", ["lordo", "low_rank_ddp"])
+def test_the_fidelity_options_reach_the_factory(method):
+  specs = [f"{method}.error_feedback=true", f"{method}.omega=0.9"]
+  base = main.method_options(specs)[method]
+  given = main.method_options(specs + [f"{method}.{o}" for o in FIDELITY_OPTIONS])[method]
+  assert dict(given)["qh_nu"] == 0.94 and dict(given)["side"] == "galore_std"
+  grads = gradients(1.0)
+  plain, plain_state = one_step(method, dataclasses.replace(CONFIG, optimizer_options=base), grads)
+  varied, state = one_step(method, dataclasses.replace(CONFIG, optimizer_options=given), grads)
+  pairs = zip(jax.tree.leaves(varied), jax.tree.leaves(plain), strict=True)
+  gap = max(float(np.max(np.abs(a - b))) for a, b in pairs)
+  assert gap > 1e-3
+  # galore_std: the MLP's up kernel (d x hidden, projected on the right by "auto") keeps
+  # its moments on the larger side, r x hidden, where "auto" keeps them d x r.
+  preset = model.PRESETS["tiny"]
+  d, hidden = preset.d_model, preset.mlp_ratio * preset.d_model
+  shapes = lambda s: {np.shape(m.mu)[1:] for m in matrices(s)}  # noqa: E731
+  assert (d, CONFIG.rank) in shapes(plain_state) and (d, CONFIG.rank) not in shapes(state)
+  assert (CONFIG.rank, hidden) in shapes(state)
+  wrong = dataclasses.replace(CONFIG, optimizer_options=(("full_rank_numerator", "error_fed"),))
+  with pytest.raises(ValueError, match="Set error_feedback=True"):
+    train.make_optimizer(method, wrong)
+
+
+def matrices(state):
+  """Every low-rank matrix's state in ``state``."""
+  return [
+    s
+    for s in jax.tree.leaves(state, is_leaf=lordo_jax.warm_start.is_matrix_state)
+    if lordo_jax.warm_start.is_matrix_state(s)
+  ]

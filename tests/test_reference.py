@@ -85,6 +85,19 @@ CASES = [
     4,
     {"projection": "dct", "transport": "keep", "sync_moments_every": 2, "omega": 0.8},
   ),
+  # The LoRDO authors' variants (docs/FIDELITY.md, TODOs 1-5), one per case.
+  (
+    "svd-left-ef-error-fed",
+    (12, 8),
+    2,
+    8,
+    {"error_feedback": True, "full_rank_numerator": "error_fed"},
+  ),
+  ("svd-right-qh-nu", (8, 12), 2, 5, {"qh_nu": 0.8}),
+  ("svd-left-full-rank-nu", (12, 8), 2, 8, {"full_rank_nu": 0.8}),
+  ("svd-left-momentum-term", (12, 8), 2, 8, {"low_rank_term": "momentum"}),
+  ("svd-galore-std-tall", (12, 8), 2, 8, {"side": "galore_std"}),
+  ("dct-galore-std-wide", (8, 12), 2, 7, {"side": "galore_std", "projection": "dct"}),
 ]
 
 
@@ -171,6 +184,10 @@ def test_cases_cover_every_option():
   assert seen["full_rank_scale"] == {"vector"}
   assert seen["sync_moments_every"] == {2}
   assert seen["weight_decay"] and seen["omega"] and seen["mu"]
+  assert "galore_std" in seen["side"]  # on a tall (right) and a wide (left) matrix
+  assert seen["full_rank_numerator"] == {"error_fed"}  # "gradient" is the default
+  assert seen["low_rank_term"] == {"momentum"}  # "adam" is the default
+  assert seen["qh_nu"] and seen["full_rank_nu"]
 
 
 # One option changed at a time from a base case, on the reference alone: each
@@ -190,6 +207,12 @@ DISTINGUISH = [
   ("svd-left", {"omega": 0.5}),
   ("subspace-right-keep-vector", {"subspace_iterations": 1}),
   ("dct-left-ef-vector", {"error_feedback": False}),
+  ("svd-left-ef-error-fed", {"full_rank_numerator": "gradient"}),
+  ("svd-left", {"qh_nu": 0.8}),
+  ("svd-left", {"full_rank_nu": 0.8}),  # the bias b, on the full-rank path, moves
+  ("svd-left", {"low_rank_term": "momentum"}),
+  ("svd-left", {"side": "galore_std"}),
+  ("svd-right-ef-vector", {"side": "galore_std"}),
 ]
 
 
@@ -203,5 +226,8 @@ def test_options_change_the_reference(base, change):
   params, _, _ = _problem(shape, seed, options)
   _, a = _reference(shape, rank, seed, options)
   _, b = _reference(shape, rank, seed, {**options, **change})
-  err = _relative_error(b[-1]["params"][0]["w"], a[-1]["params"][0]["w"], params["w"])
+  err = max(
+    _relative_error(b[-1]["params"][0][leaf], a[-1]["params"][0][leaf], params[leaf])
+    for leaf in ("w", "b")
+  )
   assert err > 20 * RTOL

@@ -11,35 +11,16 @@ parameters after step S, the new run's first step is S + 1 and:
   do after a DDP step); **data**: the source's data position, so the new run draws the
   batches the source run would have drawn next;
 * **optimizer state**: the new method's ``tx.init(theta_S)``, then every *inner
-  optimizer state* taken from the source's (:func:`transplant`). An inner optimizer
-  state is recognised by its fields, not its type, and the source's and the new
-  method's must list the same kinds in the same order (both follow the parameter tree
-  and the ``optax.partition`` of :func:`lordo_jax.aliases.local_adamw_path`):
-
-  ===========================================  =======================================
-  source leaf (``low_rank_ddp``: the chain     goes to (``lordo``: ``SynchronizeState
-  after ``average_gradients``)                 .inner_state``, the same chain)
-  ===========================================  =======================================
-  ``LowRankMoments.basis`` Q, per matrix       the same matrix's ``basis`` (exactly)
-  ``LowRankMoments.mu, nu`` (u, v; r-sized)    ``mu, nu`` (``moments="keep"``) or zeros
-                                               (``"reset"``: the authors' switch)
-  ``LowRankMoments.error`` E (p x q)           ``error``, when both have error feedback;
-                                               else the new method's (zeros or ``(0,)``)
-  ``LowRankAdamState.count``                   ``count`` (bias correction continues)
-  ``ScaleByAdamState.count, mu, nu`` (the      ``count``; ``mu, nu`` as the low-rank
-  full-rank leaves' Adam)                      moments (kept, or zeros with "reset")
-  ``ScaleByScheduleState.count``               ``count``: the learning-rate schedule
-                                               goes on at step S + 1
-  ===========================================  =======================================
-
-  What starts fresh, from ``tx.init(theta_S)``: LoRDO's **anchor** (= ``theta_S``, the
-  same on every worker), its step count, round counters and next sync (its rounds are
-  counted from the switch: the first sync is after step S + K), its outer optimizer
-  state, its ledger (zero: the bytes of the shared phase are the source run's), its
-  fault counts, and ``LowRankAdamState.refresh_failures``. The new method is built with
-  ``init_projection="random"`` where it takes it (:func:`.train.make_optimizer`), so it
-  does not recompute the bases from its first gradient: the random ones are replaced
-  by the transplanted ones before step S + 1.
+  optimizer state* taken from the source's (:func:`transplant`, which is
+  ``lordo_jax.warm_start_state``; its module docstring has the leaf-by-leaf table):
+  each low-rank matrix's basis, moments (or zeros, ``--warm-start-moments reset``)
+  and error buffer, the full-rank leaves' Adam moments, and every step counter (the
+  bias corrections and the learning-rate schedule go on at step S + 1). LoRDO's
+  anchor (= ``theta_S``), round counters, outer state, ledger and fault counts start
+  fresh (its first sync is after step S + K). The new method is built with
+  ``init_projection="random"`` where it takes it (:func:`.train.make_optimizer`), so
+  it does not recompute the bases from its first gradient: the random ones are
+  replaced by the transplanted ones before step S + 1.
 
 With ``moments="keep"`` a warm start into the source's own method continues that run
 exactly (``tests/test_lm_warm_start.py`` checks it bit for bit); into LoRDO, the
@@ -54,94 +35,17 @@ from typing import Any
 import jax
 import numpy as np
 
-from . import checkpoints
+import lordo_jax
 
-# What becomes of the moments at the switch: copied, or zeros (the authors' switch,
-# ``HP_SWITCH_RESET_MOMENTA="exp_avg,exp_avg_sq"``, docs/FIDELITY.md point 10).
-MOMENTS = ("keep", "reset")
-_MATRIX_FIELDS = {"basis", "mu", "nu", "error"}
+from . import checkpoints
 
 
 class WarmStartError(ValueError):
   """A checkpoint this run cannot warm-start from; the message says what to change."""
 
 
-def _fields(node: Any) -> set[str]:
-  """The field names of a NamedTuple, or the empty set."""
-  return set(getattr(node, "_fields", ())) if isinstance(node, tuple) else set()
-
-
-def is_matrix_state(node: Any) -> bool:
-  """Whether ``node`` is one low-rank matrix's state (basis Q, moments u, v, error E)."""
-  return _MATRIX_FIELDS <= _fields(node)
-
-
-def is_optimizer_state(node: Any) -> bool:
-  """Whether ``node`` is an inner optimizer state that a warm start takes over.
-
-  A step counter alone (a learning-rate schedule's), a counter with ``mu`` and ``nu``
-  (Adam's), or a counter with per-matrix ``moments`` (low-rank Adam's).
-  """
-  fields = _fields(node)
-  kind = fields == {"count"} or "moments" in fields or {"mu", "nu"} <= fields
-  return "count" in fields and kind
-
-
-def optimizer_states(tree: Any) -> list:
-  """Every inner optimizer state in ``tree`` (:func:`is_optimizer_state`), in tree order."""
-  leaves = jax.tree.leaves(tree, is_leaf=is_optimizer_state)
-  return [leaf for leaf in leaves if is_optimizer_state(leaf)]
-
-
-def _shapes(tree: Any) -> Any:
-  return jax.tree.map(np.shape, tree)
-
-
-def _moments(source: Any, target: Any, moments: str) -> dict:
-  """``mu`` and ``nu``: the source's (``keep``) or the target's fresh zeros (``reset``)."""
-  if _shapes((source.mu, source.nu)) != _shapes((target.mu, target.nu)):
-    raise WarmStartError(
-      "the checkpoint's moments are not shaped as this run's; warm-start from a run of "
-      "the same model, --rank and projection side."
-    )
-  chosen = source if moments == "keep" else target
-  return {"mu": chosen.mu, "nu": chosen.nu}
-
-
-def _matrix(source: Any, target: Any, moments: str) -> Any:
-  """One matrix's state: the source's basis, error buffer (if both have one) and moments."""
-  if _shapes(source.basis) != _shapes(target.basis):
-    raise WarmStartError(
-      f"the checkpoint's basis is shaped {_shapes(source.basis)}, this run's "
-      f"{_shapes(target.basis)}; warm-start from a run with the same --rank."
-    )
-  error = source.error if np.shape(source.error) == np.shape(target.error) else target.error
-  return target._replace(basis=source.basis, error=error, **_moments(source, target, moments))
-
-
-def _take(source: Any, target: Any, moments: str) -> Any:
-  """``target`` (an inner optimizer state) with the source's counter, bases and moments."""
-  taken = {"count": source.count}
-  fields = _fields(target)
-  if "moments" in fields:
-    try:
-      taken["moments"] = jax.tree.map(
-        lambda s, t: _matrix(s, t, moments), source.moments, target.moments, is_leaf=is_matrix_state
-      )
-    except ValueError as error:
-      if isinstance(error, WarmStartError):
-        raise
-      raise WarmStartError(
-        "the checkpoint's low-rank matrices are not this run's; warm-start from a run of "
-        "the same model, --rank and low-rank leaves."
-      ) from None
-  elif {"mu", "nu"} <= fields:
-    taken |= _moments(source, target, moments)
-  return target._replace(**taken)
-
-
 def transplant(source: Any, target: Any, *, moments: str = "keep") -> Any:
-  """``target`` with every inner optimizer state taken from ``source`` (see the table above).
+  """``lordo_jax.warm_start_state(source, target, moments=moments)``, for the LM job.
 
   Args:
     source: the source run's optimizer state (restored from its checkpoint).
@@ -149,27 +53,21 @@ def transplant(source: Any, target: Any, *, moments: str = "keep") -> Any:
     moments: ``"keep"`` copies the moments; ``"reset"`` leaves the target's zeros.
 
   Returns:
-    ``target`` with each inner optimizer state's counter, and each low-rank matrix's
-    basis and error buffer, from ``source``; the moments as ``moments`` says; every
-    other leaf (anchor, ledger, round counters) the target's.
+    ``target`` with the source's inner optimizer states (bases, moments, error
+    buffers, step counters); its anchor, ledger and round counters its own.
 
   Raises:
     WarmStartError: the two states do not hold the same inner optimizer states, or a
-      basis or moment of another shape (another rank or model).
+      basis or moment of another shape: the checkpoint is of another method, model,
+      ``--rank`` or projection side.
   """
-  if moments not in MOMENTS:
-    raise WarmStartError(f"warm-start moments {moments!r}: use one of {', '.join(MOMENTS)}.")
-  old, new = optimizer_states(source), optimizer_states(target)
-  kinds = lambda states: [type(s).__name__ for s in states]  # noqa: E731
-  if kinds(old) != kinds(new):
+  try:
+    return lordo_jax.warm_start_state(source, target, moments=moments)
+  except ValueError as error:
     raise WarmStartError(
-      f"the checkpoint's optimizer holds {kinds(old)}, this run's {kinds(new)}; warm-start "
-      "from a method with the same inner optimizer (low_rank_ddp for lordo)."
-    )
-  leaves, treedef = jax.tree.flatten(target, is_leaf=is_optimizer_state)
-  taken = iter(old)
-  leaves = [_take(next(taken), x, moments) if is_optimizer_state(x) else x for x in leaves]
-  return jax.tree.unflatten(treedef, leaves)
+      f"--warm-start-from: {error} (the checkpoint's method, model, --rank and "
+      "projection side must fit this run's)"
+    ) from None
 
 
 def first_worker(params: Any) -> Any:

@@ -1,7 +1,8 @@
 r"""What every one-sided basis shares: its side, and the products with its matrix Q.
 
 For a ``p x q`` matrix, SPEC section 2 projects on the *left* (Q is ``p x r``) when
-``p >= q`` with ``side="auto"``, else on the *right* (Q is ``q x r``):
+``p >= q`` with ``side="auto"``, else on the *right* (Q is ``q x r``); ``"galore_std"``
+reverses that for rectangular matrices (:func:`is_left`):
 
 .. math::
   \text{left: } c = Q^\top A \ (r \times q),\ A \approx Q c, \qquad
@@ -20,7 +21,15 @@ from lordo_jax.bases import strategy as strategy_lib
 
 
 def is_left(p: int, q: int, side: str) -> bool:
-  """The side of SPEC section 2: ``auto`` projects on the left when p >= q."""
+  """The side of SPEC section 2: ``auto`` projects on the left when p >= q.
+
+  ``galore_std`` (GaLore's standard projection, which keeps the moments on the larger
+  dimension) projects on the left when p <= q: the reverse of ``auto``, except that a
+  square matrix stays on the left, the input side of a Flax ``in x out`` kernel,
+  where GaLore's rule on the PyTorch ``out x in`` weight puts it.
+  """
+  if side == "galore_std":
+    return p <= q
   return side == "left" or (side == "auto" and p >= q)
 
 

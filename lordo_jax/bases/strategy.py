@@ -65,7 +65,7 @@ class Options(NamedTuple):
   """The options a method may read; each reads only its own."""
 
   rank: int  # r.
-  side: str = "auto"  # One-sided: "auto" (left when p >= q), "left" or "right".
+  side: str = "auto"  # One-sided: "auto" (left when p >= q), "left", "right", "galore_std".
   subspace_iterations: int = 2  # Steps of subspace iteration per refresh.
   oversample: int = 8  # Extra sketch columns of the randomized SVD.
   power_iterations: int = 1  # Power iterations of the randomized SVD.

@@ -6,13 +6,15 @@ parameter dtype (:func:`lordo_jax.in_float32`):
 .. math::
   \text{update} = -\eta\, (\text{direction} + \lambda W)
 
-with the direction Adam's :math:`\hat u / (\sqrt{\hat v} + \epsilon)`, or, on a
-low-rank matrix, the quasi-hyperbolic mix of :func:`lordo_jax.scale_by_low_rank_adam`
-(SPEC section 3). :func:`lordo_jax.lordo`, its ablations and
-:func:`lordo_jax.low_rank_ddp` take :func:`low_rank_adamw`; the other methods take
-:func:`adamw`.
+with the direction Adam's :math:`\hat u / (\sqrt{\hat v} + \epsilon)` (QHAdam's
+:math:`((1 - \nu) g + \nu \hat u) / (\sqrt{\hat v} + \epsilon)` on the full-rank
+path with ``full_rank_nu`` :math:`= \nu < 1`), or, on a low-rank matrix, the
+quasi-hyperbolic mix of :func:`lordo_jax.scale_by_low_rank_adam` (SPEC section 3).
+:func:`lordo_jax.lordo`, its ablations and :func:`lordo_jax.low_rank_ddp` take
+:func:`low_rank_adamw`; the other methods take :func:`adamw`.
 """
 
+import numbers
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +22,7 @@ import optax
 
 from lordo_jax import low_rank as low_rank_lib
 from lordo_jax import precision
+from lordo_jax import quasi_hyperbolic
 from lordo_jax import routing
 from lordo_jax.methods import options
 
@@ -40,8 +43,19 @@ def adamw(learning_rate, b1, b2, eps, weight_decay) -> optax.GradientTransformat
   moments stay float32 (:func:`lordo_jax.in_float32`), so every method keeps its
   moments at the same precision.
   """
-  adam = precision.in_float32(optax.scale_by_adam(b1=b1, b2=b2, eps=eps))
-  return _decoupled(adam, learning_rate, weight_decay)
+  return _decoupled(full_rank_adam(b1, b2, eps), learning_rate, weight_decay)
+
+
+def full_rank_adam(b1, b2, eps, nu=1.0) -> optax.GradientTransformation:
+  """``optax.scale_by_adam`` (``nu`` = 1), else QHAdam; moments in float32.
+
+  QHAdam is :func:`lordo_jax.quasi_hyperbolic.scale_by_qhadam`; its state is Adam's.
+  """
+  if isinstance(nu, numbers.Real) and nu == 1:
+    adam = optax.scale_by_adam(b1=b1, b2=b2, eps=eps)
+  else:
+    adam = quasi_hyperbolic.scale_by_qhadam(b1=b1, b2=b2, eps=eps, nu=nu)
+  return precision.in_float32(adam)
 
 
 def local_adamw_path(
@@ -54,17 +68,19 @@ def local_adamw_path(
   weight_decay: float,
   rank: int,
   low_rank_labels: Any,
+  full_rank_nu: float = 1.0,
 ) -> optax.GradientTransformation:
   """The local step: low-rank Adam on matrices, Adam elsewhere, then AdamW's tail.
 
-  Every moment is float32, whatever the parameter dtype.
+  Every moment is float32, whatever the parameter dtype. The other leaves take
+  :func:`full_rank_adam` (QHAdam with ``full_rank_nu`` < 1).
 
   ``update = -lr * (direction + weight_decay * W)``, decoupled as in ``optax.adamw``.
   """
   direction = optax.partition(
     {
       routing.LOW_RANK: low_rank,
-      routing.FULL_RANK: precision.in_float32(optax.scale_by_adam(b1=b1, b2=b2, eps=eps)),
+      routing.FULL_RANK: full_rank_adam(b1, b2, eps, full_rank_nu),
     },
     routing.partition_labels(low_rank_labels, rank),
   )
@@ -88,12 +104,15 @@ def low_rank_adamw(
   :func:`lordo_jax.scale_by_low_rank_adam` with the options of ``step`` (checked by
   :func:`options.low_rank_step`), ``low_rank_labels`` as its ``matrix_axes`` and the
   keyword arguments here; ``local`` is :func:`local_adamw_path` around
-  ``matrices_path(low_rank)`` (Adam on the other leaves, decoupled weight decay,
-  learning rate). ``matrices_path`` may make the low-rank step data-parallel, as
+  ``matrices_path(low_rank)`` (Adam on the other leaves, or QHAdam with
+  ``step.full_rank_nu``; decoupled weight decay, learning rate). ``matrices_path``
+  may make the low-rank step data-parallel, as
   :func:`lordo_jax.projected_mean.projected_mean` does for low-rank DDP.
   """
+  options = step._asdict()
+  full_rank_nu = options.pop("full_rank_nu")
   low_rank = low_rank_lib.scale_by_low_rank_adam(
-    **step._asdict(),
+    **options,
     refresh_every=refresh_every,
     init_projection=init_projection,
     seed=seed,
@@ -108,5 +127,6 @@ def low_rank_adamw(
     weight_decay=weight_decay,
     rank=step.rank,
     low_rank_labels=low_rank_labels,
+    full_rank_nu=full_rank_nu,
   )
   return low_rank, local

@@ -46,6 +46,10 @@ def lordo(
   outer_optimizer: optax.GradientTransformation | None = None,
   sync_moments_every: int = 1,
   full_rank_scale: str = "scalar",
+  full_rank_numerator: str = "gradient",
+  qh_nu: float = 1.0,
+  low_rank_term: str = "adam",
+  full_rank_nu: float = 1.0,
   low_rank_labels: Any = None,
   subspace_iterations: int = 2,
   seed: int = 0,
@@ -90,7 +94,8 @@ def lordo(
     weight_decay: decoupled weight decay, as in ``optax.adamw``.
     projection: ``"svd"``, ``"subspace_iteration"``, ``"dct"`` or
       ``"randomized_svd"``; two-sided: ``"svd"`` or ``"randomized_svd"``.
-    side: ``"auto"``, ``"left"`` or ``"right"``.
+    side: ``"auto"``, ``"left"``, ``"right"`` or ``"galore_std"`` (moments on the
+      larger dimension, as the LoRDO authors' GaLore).
     transport: ``"rotate"``, ``"keep"`` or ``"reset"``.
     error_feedback: keep and feed back the projection residual (off by default,
       SPEC section 3 says why).
@@ -102,6 +107,14 @@ def lordo(
       averaging.
     sync_moments_every: average the moments every this many syncs.
     full_rank_scale: ``"scalar"`` or ``"vector"``.
+    full_rank_numerator: ``"gradient"`` (G) or ``"error_fed"`` (G + E, the LoRDO
+      authors' full-rank term; needs ``error_feedback=True``).
+    qh_nu: QHAdam inside the projection, ``L = Q ((1 - nu) c + nu u_hat) / D``;
+      1 is Adam.
+    low_rank_term: ``"adam"`` (``Q u_hat / D``) or ``"momentum"`` (``Q u_hat``, the
+      update the LoRDO authors' code applies; for replication only).
+    full_rank_nu: QHAdam on the leaves off the low-rank path,
+      ``((1 - nu) g + nu m_hat) / (sqrt(v_hat) + eps)``; 1 is Adam.
     low_rank_labels: which leaves are low-rank (see :mod:`lordo_jax.routing`);
       ``None``: every 2-D leaf with ``min(p, q) > rank``.
     subspace_iterations: iterations per refresh with ``"subspace_iteration"``.

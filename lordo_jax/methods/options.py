@@ -4,9 +4,10 @@ Every method takes Adam's ``b1, b2, eps, weight_decay``; :func:`lordo_jax.lordo`
 its local-projection ablation and :func:`lordo_jax.low_rank_ddp` also take the
 low-rank step's options (``rank``, ``omega``, ``mu``, ``projection``, ``side``,
 ``transport``, ``error_feedback_dtype``, ``full_rank_scale``,
-``subspace_iterations``). A bad value fails when the method is built, with a message
-that names the method, the argument, its value and what is accepted
-(:mod:`lordo_jax.checks`).
+``subspace_iterations``, and the variants of ``docs/FIDELITY.md``:
+``full_rank_numerator``, ``qh_nu``, ``low_rank_term``, ``full_rank_nu``). A bad
+value fails when the method is built, with a message that names the method, the
+argument, its value and what is accepted (:mod:`lordo_jax.checks`).
 """
 
 from typing import Any
@@ -33,7 +34,9 @@ def check_adam(who: str, b1, b2, eps, weight_decay) -> None:
 class LowRankStep(NamedTuple):
   """The options of the low-rank Adam step, named as in :func:`lordo_jax.lordo`.
 
-  Each goes to :func:`lordo_jax.scale_by_low_rank_adam` under its own name.
+  Each goes to :func:`lordo_jax.scale_by_low_rank_adam` under its own name, but
+  ``full_rank_nu``, which goes to the other leaves' Adam
+  (:func:`lordo_jax.methods.local_step.local_adamw_path`).
   """
 
   rank: int  # r, the dimension of each matrix's subspace.
@@ -44,7 +47,7 @@ class LowRankStep(NamedTuple):
   mu: float  # Rescaling of the full-rank term.
   full_rank_scale: str  # "scalar" or "vector".
   projection: str  # "svd", "subspace_iteration", "dct", "randomized_svd"; two-sided "svd" too.
-  side: str  # "auto", "left" or "right".
+  side: str  # "auto", "left", "right" or "galore_std".
   transport: str  # The moments at a refresh: "rotate", "keep" or "reset".
   error_feedback: bool  # Keep and feed back the projection residual.
   error_feedback_dtype: Any  # "float32" or "bfloat16" (a name once checked).
@@ -52,15 +55,21 @@ class LowRankStep(NamedTuple):
   two_sided: bool = False  # Project on both sides (TSR-Adam).
   oversample: int | None = None  # Extra sketch columns of "randomized_svd".
   power_iterations: int | None = None  # Power iterations of "randomized_svd".
+  full_rank_numerator: str = "gradient"  # The full-rank term's G, or "error_fed" G + E.
+  qh_nu: float = 1.0  # QHAdam's nu inside the projection; 1 is Adam.
+  low_rank_term: str = "adam"  # L = Q u_hat / D, or "momentum": Q u_hat.
+  full_rank_nu: float = 1.0  # QHAdam's nu on the full-rank path; 1 is Adam.
 
 
 def low_rank_step(who: str, arguments: dict[str, Any]) -> LowRankStep:
   r"""A method's low-rank options, checked, from its arguments (``locals()`` on entry).
 
   ``rank`` and ``subspace_iterations`` are ints :math:`\ge 1`,
-  :math:`\omega \in [0, 1]`, :math:`\mu > 0`, Adam's options (``weight_decay``
-  among them) as in :func:`check_adam`; ``side``, ``transport`` and
-  ``full_rank_scale`` are among their kinds; ``projection`` is one of the one-sided
+  :math:`\omega, \nu \in [0, 1]` (``qh_nu``, ``full_rank_nu``), :math:`\mu > 0`,
+  Adam's options (``weight_decay`` among them) as in :func:`check_adam`; ``side``,
+  ``transport``, ``full_rank_scale``, ``low_rank_term`` and ``full_rank_numerator``
+  are among their kinds, and ``"error_fed"`` needs ``error_feedback``
+  (:func:`lordo_jax.low_rank.check_step`); ``projection`` is one of the one-sided
   or (with ``two_sided``) the two-sided methods
   (:func:`lordo_jax.low_rank.check_projection`); ``error_feedback_dtype`` becomes a
   name (:func:`error_feedback_dtype_name`). ``who`` names the method in the
@@ -71,8 +80,16 @@ def low_rank_step(who: str, arguments: dict[str, Any]) -> LowRankStep:
   checks.positive_int(who, "subspace_iterations", step.subspace_iterations)
   checks.in_interval(who, "omega", step.omega, 0.0, 1.0, closed_high=True)
   checks.positive(who, "mu", step.mu)
+  checks.in_interval(who, "full_rank_nu", step.full_rank_nu, 0.0, 1.0, closed_high=True)
   check_adam(who, step.b1, step.b2, step.eps, arguments["weight_decay"])
-  checks.one_of(who, "side", step.side, low_rank.SIDES)
+  low_rank.check_step(
+    who,
+    side=step.side,
+    qh_nu=step.qh_nu,
+    low_rank_term=step.low_rank_term,
+    full_rank_numerator=step.full_rank_numerator,
+    error_feedback=step.error_feedback,
+  )
   checks.one_of(who, "transport", step.transport, low_rank.TRANSPORTS)
   checks.one_of(who, "full_rank_scale", step.full_rank_scale, quasi_hyperbolic.FULL_RANK_SCALES)
   low_rank.check_projection(
