@@ -295,9 +295,11 @@ def _matrix_spec(x, axes) -> tuple:
 
 def _init_leaf(c: _Config, x, axes, key) -> LowRankMoments:
   s = _strategy(c, x, axes)
-  basis = s.init(key if c.init_projection == "random" else None)
   # Sharded like the matrix (Explicit mesh axes); two buffers, so a caller may donate.
   spec = _matrix_spec(x, axes)
+  basis = s.init(key if c.init_projection == "random" else None)
+  basis_spec = s.basis_spec(x) if x.ndim == 2 and spec != (None, None) else None
+  basis = jax.tree.map(lambda b: layout.place(b, basis_spec, x), basis)
   mu = layout.zeros(s.coordinates_shape, jnp.float32, s.coordinates_spec(spec))
   nu = layout.zeros(s.coordinates_shape, jnp.float32, s.coordinates_spec(spec))
   if c.error_feedback:

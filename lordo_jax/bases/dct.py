@@ -143,6 +143,7 @@ def method(options: strategy_lib.Options) -> strategy_lib.Method:
       compute=compute(options.rank, left),
       dense=lambda basis: dct_columns(basis.indices, basis.size),
       overlap=overlap,
+      stored_split=False,  # r indices: nothing worth splitting.
     )
 
   return strategy_lib.Method(make, strategy_lib.bases_of_mean)

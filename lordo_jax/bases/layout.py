@@ -16,6 +16,8 @@ dimension is split over from the type, and
 sharded parameter gives state sharded like it.
 """
 
+import math
+
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
@@ -32,6 +34,30 @@ def whole(x: jax.Array) -> jax.Array:
   if not is_sharded(x):
     return x
   return jax.sharding.reshard(x, PartitionSpec())
+
+
+def split_rows(rows: int, matrix: jax.Array) -> tuple | None:
+  """The spec of an ``rows x r`` factor stored split over a mesh axis ``matrix`` is
+  split on (its first split axis that divides ``rows``), so that a basis shrinks with
+  FSDP as its matrix does; ``None`` where the matrix is whole."""
+  if not is_sharded(matrix):
+    return None
+  mesh_shape = jax.typeof(matrix).sharding.mesh.shape
+  for axes in spec_of(matrix):
+    if axes is None:
+      continue
+    names = axes if isinstance(axes, tuple) else (axes,)
+    if rows % math.prod(mesh_shape[name] for name in names) == 0:
+      return (axes, None)
+  return None
+
+
+def place(x: jax.Array, spec: tuple | None, matrix: jax.Array) -> jax.Array:
+  """``x`` split as ``spec`` says over the mesh of ``matrix`` (``None``: as it is)."""
+  if spec is None or spec_of(x) == spec:
+    return x
+  mesh = jax.typeof(matrix).sharding.mesh
+  return jax.sharding.reshard(x, jax.sharding.NamedSharding(mesh, PartitionSpec(*spec)))
 
 
 def spec_of(x: jax.Array) -> tuple:

@@ -17,6 +17,7 @@ left and ``c R^T`` on the right.
 import jax
 import jax.numpy as jnp
 
+from lordo_jax.bases import layout
 from lordo_jax.bases import strategy as strategy_lib
 
 
@@ -59,13 +60,18 @@ def strategy(
   init,
   compute,
   first=None,
-  dense=lambda basis: basis,
-  overlap=lambda new, old: new.T @ old,
+  dense=layout.whole,
+  overlap=lambda new, old: layout.whole(new).T @ layout.whole(old),
+  stored_split: bool = True,
 ) -> strategy_lib.BasisStrategy:
   """The one-sided :class:`~lordo_jax.bases.strategy.BasisStrategy` of a ``p x q`` matrix.
 
   ``init``, ``compute``, ``first``, ``dense`` and ``overlap`` are the method's own;
-  the products with Q and the shapes follow from the side.
+  the products with Q and the shapes follow from the side. With ``stored_split`` the
+  stored ``n x r`` basis of a matrix split over a mesh axis (FSDP) is split over that
+  axis too, and made whole only where it is used (``dense``, once a step, as FSDP
+  gathers a parameter), so the state shrinks with the worker group as the matrix
+  does.
   """
   if left:
     project = lambda basis, matrix: basis.T @ matrix  # noqa: E731
@@ -87,6 +93,9 @@ def strategy(
     coordinates_shape=(rank, q) if left else (p, rank),
     side="left" if left else "right",
     coordinates_spec=(lambda spec: (None, spec[1])) if left else (lambda spec: (spec[0], None)),
+    basis_spec=(lambda spec: layout.split_rows(p if left else q, spec))
+    if stored_split
+    else (lambda spec: None),
   )
 
 

@@ -50,6 +50,8 @@ class BasisStrategy(NamedTuple):
   side: str  # "left" or "right": the axis of the coordinates that is the rank's.
   # The matrix's (rows, cols) mesh axes -> the coordinates' (the same sharding).
   coordinates_spec: Callable = lambda matrix_spec: (None, None)
+  # The matrix (its sharding) -> the stored basis's mesh axes (None: kept whole).
+  basis_spec: Callable = lambda matrix: None
 
 
 class Method(NamedTuple):
