@@ -5,6 +5,7 @@ r"""Train a byte-level transformer LM with LoRDO and its baselines on simulated 
     python3 examples/main.py --methods lordo,ddp --steps 200 --workers 4
     python3 examples/main.py --text my_book.txt --preset base
     python3 examples/main.py --param-dtype bfloat16       # bf16 params, f32 moments
+    python3 examples/main.py --methods lordo,diloco --workers 4 --fsdp 2 --offload
     python3 examples/main.py --checkpoint-dir ckpt --checkpoint-every 32
     python3 examples/main.py --checkpoint-dir ckpt --resume   # after a stop
     python3 examples/main.py --warm-start-steps 64 --option lordo.omega=0.97  # docs/FIDELITY.md
@@ -24,6 +25,12 @@ busy when training GPT-2 small (124M) on 8 H100s, from
 
 Losses are in nats per byte; the unigram entropy of the text (the best loss of a
 model that ignores context) is printed for reference.
+
+With ``--fsdp N`` each worker shards its parameters and optimizer state N ways over
+its devices (FSDP inside the worker; the mesh is workers x data x N), and with
+``--offload`` the methods with an anchor keep it (and DiLoCo's outer momentum) in host
+memory between syncs (``offload=True``); the results are those of ``--fsdp 1`` (to
+float rounding) and of no offload (bit for bit).
 
 With ``--checkpoint-dir`` each method saves checkpoints under ``DIR/<method>``;
 ``--resume`` continues every method that has one from its latest (a method without
@@ -90,6 +97,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     type=int,
     default=DEFAULT_DEVICES,
     help="simulated CPU devices; each worker gets devices/workers of them",
+  )
+  add(
+    "--fsdp",
+    type=int,
+    default=1,
+    help="N: shard each worker's parameters and optimizer state N ways over its devices "
+    "(FSDP inside the worker; the mesh is workers x data x N, data = devices / (workers N)); "
+    "must divide devices/workers",
+  )
+  add(
+    "--offload",
+    action="store_true",
+    help="keep each method's anchor (and outer optimizer state) in host memory between "
+    "syncs (lordo_jax's offload=True); for the methods with an anchor: lordo, diloco, "
+    "local_adam, desloc, lordo_local_projection, lordo_global_projection_only",
   )
   add(
     "--rank",
@@ -216,7 +238,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def check_args(args: argparse.Namespace) -> None:
   """The checks that need no JAX; each failure is a UsageError saying what to change."""
-  for name in ("workers", "devices", "sync_every", "refresh_every", "steps", "batch"):
+  for name in ("workers", "devices", "fsdp", "sync_every", "refresh_every", "steps", "batch"):
     value = getattr(args, name)
     if value is not None and value < 1:
       option = f"--{name.replace('_', '-')}"
@@ -240,10 +262,17 @@ def check_args(args: argparse.Namespace) -> None:
       f"{args.workers}."
     )
   per_worker = args.devices // args.workers
-  if args.batch % per_worker:
+  if per_worker % args.fsdp:
+    divisors = [d for d in range(1, per_worker + 1) if per_worker % d == 0]
     raise UsageError(
-      f"--batch {args.batch} is split over each worker's {per_worker} devices; use a "
-      f"multiple of {per_worker}."
+      f"--fsdp {args.fsdp} does not divide each worker's {per_worker} devices (--devices / "
+      f"--workers); use one of {','.join(map(str, divisors))}, or fewer --workers."
+    )
+  data = per_worker // args.fsdp
+  if args.batch % data:
+    raise UsageError(
+      f"--batch {args.batch} is split over each worker's {data} data-parallel devices; use "
+      f"a multiple of {data}."
     )
   if args.text is not None and not pathlib.Path(args.text).is_file():
     raise UsageError(f"--text {args.text}: no such file; give the path of a text file.")
@@ -301,6 +330,7 @@ def main(argv=None) -> int:
   try:
     methods = resolve_methods(args.methods, optimizers)
     check_option_methods(args, methods)
+    check_offload(args.offload, methods, train.offload_methods())
     rank = check_rank(args.rank, model_config, args.preset, model)
     raw, name = data.load_text(args.text)
     dataset = data.split(
@@ -311,13 +341,10 @@ def main(argv=None) -> int:
       name=name,
     )
     config = make_config(args, rank, train)
-    warm_config = warm_start_plan(
-      args,
-      learning_rate_config(config, args.lr, args.warm_start_method, tuned),
-      model_config,
-      dataset,
-      checkpoints,
-    )
+    warm_base = learning_rate_config(config, args.lr, args.warm_start_method, tuned)
+    if args.warm_start_method not in train.offload_methods():  # No anchor to offload.
+      warm_base = dataclasses.replace(warm_base, offload=False)
+    warm_config = warm_start_plan(args, warm_base, model_config, dataset, checkpoints)
     if warm_config is not None:
       config = dataclasses.replace(
         config,
@@ -339,8 +366,8 @@ def main(argv=None) -> int:
     f"{dataset.name}: {dataset.num_bytes} bytes, unigram entropy "
     f"{dataset.unigram_entropy:.3f} nats/byte | model {args.preset}: "
     f"{model.num_params(params)} {args.param_dtype} params | {args.workers} worker(s) on "
-    f"{args.devices} devices, rank {rank}, K={args.sync_every}, {args.steps} steps x "
-    f"{args.batch} x {model_config.seq_len} bytes per worker",
+    f"{args.devices} devices{layout_note(args)}, rank {rank}, K={args.sync_every}, "
+    f"{args.steps} steps x {args.batch} x {model_config.seq_len} bytes per worker",
     flush=True,
   )
   start = time.perf_counter()
@@ -387,6 +414,22 @@ def main(argv=None) -> int:
   written = ", ".join(map(str, [out / report.JSON_NAME, *plots]))
   print(f"total wall time {total:.0f} s; wrote {written}")
   return 0
+
+
+def layout_note(args: argparse.Namespace) -> str:
+  """How each worker holds its model, for the first line: nothing by default."""
+  fsdp = f", each sharded {args.fsdp} ways (FSDP)" if args.fsdp > 1 else ""
+  return fsdp + (", anchors in host memory" if args.offload else "")
+
+
+def check_offload(offload: bool, methods: list[str], offload_methods: tuple[str, ...]) -> None:
+  """With ``--offload`` every method trained must have an anchor to offload."""
+  refused = [m for m in methods if m not in offload_methods]
+  if offload and refused:
+    raise UsageError(
+      f"--offload: {','.join(refused)} {'has' if len(refused) == 1 else 'have'} no anchor to "
+      f"keep in host memory; use --offload with --methods among {','.join(offload_methods)}."
+    )
 
 
 def method_options(specs: list[str]) -> dict[str, tuple]:
@@ -471,6 +514,8 @@ def make_config(args: argparse.Namespace, rank: int, train):
     param_dtype=args.param_dtype,
     checkpoint_every=args.checkpoint_every,
     stop_after=args.stop_after,
+    fsdp=args.fsdp,
+    offload=args.offload,
   )
 
 

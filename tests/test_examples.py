@@ -194,7 +194,7 @@ def test_main_help_documents_every_option(lm_main):
     "--methods", "--workers", "--rank", "--sync-every", "--steps", "--seed", "--preset",
     "--lr", "--batch", "--out", "--text", "--devices", "--param-dtype", "--checkpoint-dir",
     "--checkpoint-every", "--resume", "--stop-after", "--warm-start-steps",
-    "--warm-start-method", "--warm-start-moments", "--option",
+    "--warm-start-method", "--warm-start-moments", "--option", "--fsdp", "--offload",
   ):  # fmt: skip
     assert option in proc.stdout
 

@@ -12,6 +12,11 @@ counters). The loop needs three things more, kept as the checkpoint's metadata:
   rate, seed, ...). Resuming under other settings would not continue the same run,
   so it stops with :class:`ResumeError`: one line naming the setting, its value in
   the checkpoint, and the option to change.
+
+The layout is not among the settings (``--fsdp``, ``--offload``): each process writes
+its own shards, and a restore places every array on the shardings and memory kinds of
+the run that restores it (an anchor back in ``pinned_host`` memory), whatever the
+layout that wrote it.
 """
 
 import dataclasses

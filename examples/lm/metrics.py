@@ -4,8 +4,8 @@ All of it comes from the state through the public ``lordo_jax`` API: the bytes
 all-reduced so far (the ledger), the number of synchronisation rounds, how far the
 low-rank bases turned since the last reading (principal angles), the norm of the
 error-feedback buffer, and the bytes of the optimizer state itself. A state stacked
-over workers (a leading worker axis) is read from worker 0; after a sync all workers
-agree.
+over workers (a leading worker axis) is read from worker 0 (its bytes: one worker's
+share); after a sync all workers agree.
 """
 
 import math
@@ -15,6 +15,8 @@ import jax
 import numpy as np
 
 import lordo_jax
+
+HOST_KINDS = ("pinned_host", "unpinned_host")  # Memory kinds of host memory.
 
 
 def _nodes(state: Any, cls: type) -> list:
@@ -78,27 +80,24 @@ class ProjectionTracker:
 
 
 def state_bytes(state: Any) -> dict[str, int]:
-  """Bytes of one worker's optimizer state: ``{"total": ..., ...}``.
+  """Bytes of one worker's optimizer state: device, host, offloadable, total, per device.
 
-  Uses ``lordo_jax.state_bytes`` when the library offers it (its breakdown, e.g. the
-  part that must stay on the accelerator and the part that may live on the host, is
-  kept); otherwise every array leaf of the state is counted.
+  ``lordo_jax.state_bytes`` of the state stacked over the workers, divided by their
+  number: ``"device"`` and ``"host"`` are where the arrays really are (``"host"`` is 0
+  unless the method offloads), ``"offloadable"`` what ``offload=True`` keeps in host
+  memory, and ``"total"`` is ``device + host``. These count whole arrays: a worker's
+  state split over FSDP devices counts once. ``"per_device"`` is what one device holds
+  in its own memory, its shard of every device-resident leaf: ``"device"`` divided by
+  the FSDP ways, but for the leaves that stay whole (bases, scalars).
   """
-  one = jax.tree.map(_worker0, state)
-  counter = getattr(lordo_jax, "state_bytes", None)
-  if counter is not None:
-    value = counter(one)
-    if isinstance(value, dict):
-      parts = {str(k): int(v) for k, v in value.items()}
-    elif hasattr(value, "_asdict"):
-      parts = {str(k): int(v) for k, v in value._asdict().items()}
-    elif isinstance(value, (tuple, list)):
-      parts = {f"part{i}": int(v) for i, v in enumerate(value)}
-    else:
-      return {"total": int(value)}
-    parts.setdefault("total", sum(parts.values()))
-    return parts
-  return {"total": sum(int(np.asarray(x).nbytes) for x in jax.tree.leaves(one))}
+  workers = jax.tree.leaves(state)[0].shape[0]
+  parts = {str(k): int(v) // workers for k, v in lordo_jax.state_bytes(state).items()}
+  per_device = sum(
+    math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize
+    for x in jax.tree.leaves(state)
+    if x.sharding.memory_kind not in HOST_KINDS
+  )
+  return parts | {"total": parts["device"] + parts["host"], "per_device": per_device}
 
 
 def step_metrics(state: Any, tracker: ProjectionTracker) -> dict[str, Any]:

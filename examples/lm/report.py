@@ -41,9 +41,8 @@ def table(
   ledger. "90% busy at" is the bandwidth per worker at which the method keeps 90% of
   an accelerator's compute busy on GPT-2 small (``bandwidth``: the table of
   ``tuned.bandwidth_table``), the other side of the trade. The optimizer state is one
-  worker's, split as ``lordo_jax.state_bytes`` splits it: what is used every step and
-  must live on the accelerator, and what is touched only at a sync and may live in
-  host memory.
+  worker's, split by where its arrays are (``lordo_jax.state_bytes``): in device
+  memory, and in host memory (0 unless the method offloads its anchor).
   """
   reference = next((r for r in results if r.method == "ddp"), None)
   learning_rates = learning_rates or {}
@@ -77,8 +76,8 @@ def table(
         human_bytes(r.communicated_bytes),
         ratio,
         gbit(gbit_for[r.method]["0.9"]) if r.method in gbit_for else "-",
-        human_bytes(r.state_bytes.get("device", r.state_bytes["total"])),
-        human_bytes(r.state_bytes.get("host", 0)),
+        human_bytes(r.state_bytes["device"]),
+        human_bytes(r.state_bytes["host"]),
         f"{r.wall_time_s:.0f} s",
       )
     )

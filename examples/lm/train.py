@@ -8,6 +8,15 @@ Parameters and optimizer state carry a leading worker axis of size M, sharded ov
 ``workers``; inside ``jax.shard_map`` that axis is size 1 and squeezed away, so the
 step body is the ordinary single-worker optax step.
 
+With ``fsdp=N`` (N > 1) each worker also shards its parameters N ways (FSDP): the mesh
+is ``(workers, data, fsdp)`` with ``Auto`` axes, each parameter is split over ``fsdp``
+on its largest dimension that N divides, and the step is manual over ``workers`` and
+``data`` only, so the model sees its parameters split over ``fsdp`` and the compiler
+gathers what it needs (the Flax model runs unchanged). The optimizer state is laid out
+like its parameter (``lordo_jax.state_sharding``), and the step keeps both layouts
+(its ``out_shardings``). With ``offload=True`` the method keeps its anchor (and outer
+state, residual) in ``pinned_host`` memory.
+
 jaxlib 0.10 on CPU can deadlock when several multi-device programs are in flight,
 so every step blocks until its outputs are ready, and host-side reductions use NumPy.
 
@@ -32,6 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.sharding import AxisType
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from tqdm.auto import tqdm
@@ -47,6 +57,7 @@ from . import warm_start as warm_start_lib
 
 AXIS = "workers"
 DATA_AXIS = "data"
+FSDP_AXIS = "fsdp"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +90,8 @@ class TrainConfig:
   warm_start_moments: str = "keep"  # The moments at the switch: "keep" or "reset" (zeros).
   clip_norm: float | None = None  # Clip each worker's gradient to this global norm.
   schedule: str = "cosine"  # After the warmup: "cosine" (to lr/10) or "constant".
+  fsdp: int = 1  # N: each worker's parameters and state split N ways over its devices.
+  offload: bool = False  # The method's anchor (outer state, residual) in host memory.
 
 
 @dataclasses.dataclass
@@ -99,10 +112,45 @@ class RunResult:
   warm_start_step: int = 0  # The step of the other run this run started from (0: none).
 
 
-def make_mesh(num_workers: int) -> jax.sharding.Mesh:
-  """The ``(workers, data)`` mesh over all devices."""
-  devices = jax.devices()
-  return jax.make_mesh((num_workers, len(devices) // num_workers), (AXIS, DATA_AXIS))
+def make_mesh(num_workers: int, fsdp: int = 1) -> jax.sharding.Mesh:
+  """The ``(workers, data)`` mesh over all devices; ``(workers, data, fsdp)`` if ``fsdp > 1``.
+
+  The FSDP axis is ``Auto``: the model's lookups and matrix products on parameters
+  split over it are left to the compiler, which gathers them. (With ``Explicit`` axes
+  the model would have to say how each of their outputs is split.)
+
+  Raises:
+    ValueError: ``num_workers * fsdp`` does not divide the number of devices.
+  """
+  devices = len(jax.devices())
+  if devices % (num_workers * fsdp):
+    raise ValueError(
+      f"--workers {num_workers} x --fsdp {fsdp} does not divide the {devices} devices; use "
+      "a --workers and --fsdp whose product divides them."
+    )
+  data = devices // (num_workers * fsdp)
+  if fsdp == 1:
+    return jax.make_mesh((num_workers, data), (AXIS, DATA_AXIS))
+  axes = (AXIS, DATA_AXIS, FSDP_AXIS)
+  return jax.make_mesh((num_workers, data, fsdp), axes, axis_types=(AxisType.Auto,) * 3)
+
+
+def param_spec(shape: tuple[int, ...], fsdp: int) -> P:
+  """``P("workers", ...)`` of a stacked leaf: ``fsdp`` on its largest dimension N divides.
+
+  A leaf none of whose dimensions (after the worker dimension) N divides stays whole
+  in each worker.
+  """
+  dims = [i for i in range(1, len(shape)) if fsdp > 1 and shape[i] % fsdp == 0]
+  if not dims:
+    return P(AXIS)
+  split = max(dims, key=lambda i: shape[i])
+  return P(AXIS, *(FSDP_AXIS if i == split else None for i in range(1, len(shape))))
+
+
+def param_shardings(mesh: jax.sharding.Mesh, stacked: Any, fsdp: int) -> Any:
+  """The ``NamedSharding`` of every leaf of the stacked parameters (:func:`param_spec`)."""
+  return jax.tree.map(lambda x: NamedSharding(mesh, param_spec(x.shape, fsdp)), stacked)
 
 
 def stack(tree: Any, num_workers: int) -> Any:
@@ -110,8 +158,15 @@ def stack(tree: Any, num_workers: int) -> Any:
   return jax.tree.map(lambda x: jnp.broadcast_to(x, (num_workers, *x.shape)), tree)
 
 
-def make_step(apply: Callable, tx: optax.GradientTransformation, mesh, state_spec) -> Callable:
-  """The jitted step ``(params, opt_state, batch) -> (params, opt_state, loss)``."""
+def make_step(
+  apply: Callable, tx: optax.GradientTransformation, mesh, state_spec, out_shardings=None
+) -> Callable:
+  """The jitted step ``(params, opt_state, batch) -> (params, opt_state, loss)``.
+
+  Manual over the ``workers`` and ``data`` axes; an ``fsdp`` axis stays to the
+  compiler. ``out_shardings`` (of the three outputs), if given, keeps the layout of the
+  parameters and state from step to step.
+  """
 
   def body(params, opt_state, batch_1BT1):
     squeeze = lambda t: jax.tree.map(lambda x: x[0], t)  # noqa: E731
@@ -133,8 +188,10 @@ def make_step(apply: Callable, tx: optax.GradientTransformation, mesh, state_spe
       mesh=mesh,
       in_specs=(worker, state_spec, P(AXIS, DATA_AXIS)),
       out_specs=(worker, state_spec, worker),
+      axis_names={AXIS, DATA_AXIS},
     ),
     donate_argnums=(0, 1),
+    **({} if out_shardings is None else {"out_shardings": out_shardings}),
   )
 
 
@@ -165,6 +222,10 @@ def make_optimizer(method: str, config: TrainConfig) -> optax.GradientTransforma
   torchtitan clips the averaged gradient of a DDP step, so for low-rank DDP and DDP
   this is per worker, not of the average).
 
+  With ``config.offload`` the method is built with ``offload=True`` (its anchor, outer
+  state and residual in host memory); a method without an anchor (``ddp``,
+  ``low_rank_ddp``) is a ValueError.
+
   A warm-started run (``config.warm_start_from``) builds a method that takes
   ``init_projection`` with random first bases, which the warm start replaces by the
   checkpoint's (:mod:`.warm_start`), instead of recomputing them from its first gradient.
@@ -172,6 +233,13 @@ def make_optimizer(method: str, config: TrainConfig) -> optax.GradientTransforma
   extra = dict(config.optimizer_options)
   if config.warm_start_from and _accepts(method, "init_projection"):
     extra.setdefault("init_projection", "random")
+  if config.offload:
+    if not _accepts(method, "offload"):
+      raise ValueError(
+        f"--offload: {method} has no anchor to keep in host memory; use it without "
+        f"--offload, or train one of {','.join(offload_methods())} with it."
+      )
+    extra.setdefault("offload", True)
   learning_rate = optimizers.schedule(
     config.learning_rate, config.steps, config.warmup_steps, config.schedule
   )
@@ -190,6 +258,11 @@ def make_optimizer(method: str, config: TrainConfig) -> optax.GradientTransforma
     return tx
   # Stateless and local: each worker clips its own gradient, before any average.
   return optax.chain(optax.clip_by_global_norm(config.clip_norm), tx)
+
+
+def offload_methods() -> tuple[str, ...]:
+  """The available methods that take ``offload`` (those with an anchor)."""
+  return tuple(m for m in optimizers.available_methods() if _accepts(m, "offload"))
 
 
 def _accepts(method: str, name: str) -> bool:
@@ -224,7 +297,7 @@ def resolve_warm_start(method, config, model_config, dataset) -> tuple[TrainConf
   return config, saved
 
 
-def warm_started(config, saved, tx, params, sharding) -> tuple[Any, Any, int]:
+def warm_started(config, saved, tx, params, shardings) -> tuple[Any, Any, int]:
   """``(params, opt_state, data_position)`` of a warm start (see :mod:`.warm_start`).
 
   The checkpoint is restored with its own method's optimizer as the template; this
@@ -236,18 +309,22 @@ def warm_started(config, saved, tx, params, sharding) -> tuple[Any, Any, int]:
     saved: the checkpoint's settings.
     tx: this run's optimizer (:func:`make_optimizer`).
     params: the stacked parameters of this run, sharded: the restore's template.
-    sharding: the workers' sharding of the states.
+    shardings: the shardings of this run's state (``lordo_jax.state_sharding``).
   """
   m = config.num_workers
-  source_tx = make_optimizer(saved["method"], warm_start_lib.source_config(config, saved))
+  source = dataclasses.replace(warm_start_lib.source_config(config, saved), offload=False)
+  source_tx = make_optimizer(saved["method"], source)
   one_worker = jax.tree.map(lambda x: np.asarray(x)[0], params)
-  like = jax.device_put(stack(source_tx.init(one_worker), m), sharding)
+  like = jax.device_put(
+    stack(source_tx.init(one_worker), m),
+    lordo_jax.state_sharding(source_tx, params, worker_axis=AXIS),
+  )
   params, source_state, metadata = checkpoints.restore(
     config.warm_start_from, config.warm_start_step, params, like
   )
-  opt_state = jax.device_put(stack(tx.init(warm_start_lib.first_worker(params)), m), sharding)
+  opt_state = jax.device_put(stack(tx.init(warm_start_lib.first_worker(params)), m), shardings)
   opt_state = warm_start_lib.transplant(source_state, opt_state, moments=config.warm_start_moments)
-  return params, opt_state, metadata["data_position"]
+  return params, jax.device_put(opt_state, shardings), metadata["data_position"]
 
 
 def train(
@@ -280,14 +357,16 @@ def train(
   apply, params = model_lib.init(model_config, config.seed)
   params = model_lib.cast(params, config.param_dtype)
   tx = make_optimizer(method, config)
-  mesh = make_mesh(m)
+  mesh = make_mesh(m, config.fsdp)
   opt_state = stack(tx.init(params), m)
   state_spec = jax.tree.map(lambda _: P(AXIS), opt_state)
-  workers = NamedSharding(mesh, P(AXIS))
-  params = jax.device_put(stack(params, m), workers)
-  opt_state = jax.device_put(opt_state, workers)
+  params = stack(params, m)
+  params = jax.device_put(params, param_shardings(mesh, params, config.fsdp))
+  shardings = lordo_jax.state_sharding(tx, params, worker_axis=AXIS)
+  opt_state = jax.device_put(opt_state, shardings)
   batch_sharding = NamedSharding(mesh, P(AXIS, DATA_AXIS))
-  step = make_step(apply, tx, mesh, state_spec)
+  layout = (jax.tree.map(lambda x: x.sharding, params), shardings, NamedSharding(mesh, P(AXIS)))
+  step = make_step(apply, tx, mesh, state_spec, out_shardings=layout)
 
   batches = data_lib.Batches(
     dataset, seq_len=model_config.seq_len, batch_size=config.batch_size, seed=config.seed
@@ -312,7 +391,7 @@ def train(
     batches.seek(saved["data_position"])
     history = saved["history"]
   elif warm_settings is not None:
-    params, opt_state, position = warm_started(config, warm_settings, tx, params, workers)
+    params, opt_state, position = warm_started(config, warm_settings, tx, params, shardings)
     batches.seek(position)
     first = config.warm_start_step
   tracker(opt_state)
