@@ -1,6 +1,6 @@
 r"""Which basis refresh to use: its time on GPT-2 small's matrices, and LoRDO's quality with it.
 
-    python benchmarks/refresh.py          # timing, then the LM at the quality study's settings, 3 seeds
+    python benchmarks/refresh.py          # timing; the LM at the quality settings, 3 seeds
     python benchmarks/refresh.py --quick  # timing at r = 32, the LM's tiny preset, 1 seed
 
 Timing: one refresh (``compute(matrix, previous, key)`` of the projection's
