@@ -11,12 +11,15 @@ from typing import Any
 import jax
 import numpy as np
 import optax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec
 
 from lordo_jax import collectives
 from lordo_jax import low_rank as low_rank_lib
 from lordo_jax import offload as offload_lib
 from lordo_jax import projection as projection_lib
 from lordo_jax import sync as sync_lib
+from lordo_jax.bases import layout
 
 
 def _ledgers(state: Any) -> list[collectives.Ledger]:
@@ -69,7 +72,11 @@ def projections(state: Any) -> Any:
       columns = lambda i: projection_lib.dct_columns(i, basis.size)  # noqa: E731
       for _ in range(basis.indices.ndim - 1):
         columns = jax.vmap(columns)
-      return columns(basis.indices)
+      indices = basis.indices
+      if layout.is_sharded(indices):  # Stacked over an Explicit worker axis: read whole.
+        whole = NamedSharding(jax.typeof(indices).sharding.mesh, PartitionSpec())
+        indices = jax.sharding.reshard(indices, whole)
+      return columns(indices)
     return basis
 
   is_entry = lambda x: isinstance(x, (low_rank_lib.LowRankMoments, optax.MaskedNode))  # noqa: E731

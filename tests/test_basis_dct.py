@@ -12,7 +12,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
+import lordo_jax
 from lordo_jax import bases
 from lordo_jax.bases import dct
 
@@ -148,3 +151,17 @@ def test_a_non_finite_matrix_keeps_the_previous_frequencies(bad, left):
   assert not bool(ok)
   np.testing.assert_array_equal(basis.indices, previous.indices)
   assert basis.size == previous.size
+
+
+def test_projections_reads_dct_bases_stacked_over_an_explicit_worker_axis():
+  """The LM job's state: DCT indices stacked over workers, placed P("workers")."""
+  mesh = jax.make_mesh((8,), ("workers",))
+  tx = lordo_jax.lordo(1e-2, rank=2, sync_every=2, projection="dct", init_projection="random")
+  one = tx.init({"w": jnp.ones((16, 8))})
+  stacked = jax.tree.map(
+    lambda a: jax.device_put(jnp.stack([a] * 8), NamedSharding(mesh, P("workers"))), one
+  )
+  expected = np.asarray(lordo_jax.projections(one)["w"])
+  got = np.asarray(lordo_jax.projections(stacked)["w"])
+  assert got.shape == (8, 16, 2)
+  np.testing.assert_array_equal(got, np.broadcast_to(expected, got.shape))
