@@ -4,10 +4,11 @@ r"""Per-device optimizer state on GPT-2 small shapes, F-way FSDP, with and witho
     python benchmarks/sharded_memory.py --quick   # the same on 2 of its 12 layers
 
 One worker group of F simulated CPU devices (a ``(1, F)`` mesh, ``workers x fsdp``)
-holds GPT-2 small's parameters, each leaf split F ways over ``fsdp`` along its largest
-dimension that F divides. The optimizer state is made for real, placed with
-``lordo_jax.state_sharding`` (the layout ``tx.init`` gives inside the worker step:
-moments, anchor and error buffers split like their parameter, bases whole), and every
+holds GPT-2 small's parameters, each leaf split F ways over ``fsdp`` along its smallest
+dimension that F divides (a low-rank matrix's kept dimension: see :func:`fsdp_spec`).
+The optimizer state is made for real, placed with ``lordo_jax.state_sharding`` (the
+layout ``tx.init`` gives inside the worker step: moments, anchor, error buffers and
+bases split like their parameter), and every
 number is read from the arrays' shards on one device: the bytes of
 ``addressable_shards`` on device 0, split by the shard's memory kind (``device`` or
 ``pinned_host``). Nothing is computed from a formula. Methods: AdamW (what DDP keeps),
@@ -47,10 +48,15 @@ def methods(labels):
 
 
 def fsdp_spec(shape: tuple[int, ...], f: int) -> P:
-  """``fsdp`` on the leaf's largest dimension that ``f`` divides; whole if none."""
+  """``fsdp`` on the leaf's smallest dimension that ``f`` divides; whole if none.
+
+  For a low-rank matrix that is the dimension its moments keep (``r x m``, m the
+  smaller side), so its moments split with it, and its ``n x r`` basis splits over
+  the same axis along n (``lordo_jax.bases.layout.split_rows``): every leaf shrinks.
+  """
   if f == 1:
     return P()
-  dims = sorted(range(len(shape)), key=lambda i: -shape[i])
+  dims = sorted(range(len(shape)), key=lambda i: shape[i])
   for i in dims:
     if shape[i] % f == 0:
       return P(*(None,) * i, "fsdp")
@@ -132,11 +138,12 @@ def main(argv=None) -> int:
   notes = [
     f"{result['parameters']:,} float32 parameters ({result['layers']} layers of GPT-2 "
     "small, embeddings included); one worker group of F devices, each leaf split F ways "
-    "over its largest dimension F divides; state placed by lordo_jax.state_sharding.",
+    "over its smallest dimension F divides (a low-rank matrix's kept dimension, so its "
+    "moments and its basis split too); state placed by lordo_jax.state_sharding.",
     "Per device: the bytes of device 0's shards of every state leaf, by memory kind "
     "(pinned_host: offloaded); MB = 10^6 bytes. 'whole state / F' is the state's total "
-    "size over F, what perfect splitting would give; bases (n x r) and counters are "
-    "whole on every device, so LoRDO sits a little above it.",
+    "size over F, what perfect splitting would give; counters and ledgers are whole "
+    "on every device.",
   ]
   studies.write(
     "sharded_memory",

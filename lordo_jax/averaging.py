@@ -132,7 +132,7 @@ def compressed(axis_name: str | None, codec: str) -> Averaging:
 
   def init_residual(params):
     # Split like its parameter (Explicit mesh axes inside a worker), as the anchor is.
-    return jax.tree.map(lambda x: layout.zeros(x.shape, jnp.float32, layout.spec_of(x)), params)
+    return jax.tree.map(lambda x: layout.zeros(x.shape, jnp.float32, layout.spec_of(x), x), params)
 
   return Averaging(
     mean=_counted(axis_name, codec),

@@ -300,11 +300,11 @@ def _init_leaf(c: _Config, x, axes, key) -> LowRankMoments:
   basis = s.init(key if c.init_projection == "random" else None)
   basis_spec = s.basis_spec(x) if x.ndim == 2 and spec != (None, None) else None
   basis = jax.tree.map(lambda b: layout.place(b, basis_spec, x), basis)
-  mu = layout.zeros(s.coordinates_shape, jnp.float32, s.coordinates_spec(spec))
-  nu = layout.zeros(s.coordinates_shape, jnp.float32, s.coordinates_spec(spec))
+  mu = layout.zeros(s.coordinates_shape, jnp.float32, s.coordinates_spec(spec), x)
+  nu = layout.zeros(s.coordinates_shape, jnp.float32, s.coordinates_spec(spec), x)
   if c.error_feedback:
     shape = routing.matrix_shape(x.shape, axes)
-    error = layout.zeros(shape, c.error_feedback_dtype, spec)
+    error = layout.zeros(shape, c.error_feedback_dtype, spec, x)
   else:
     error = jnp.zeros((0,), jnp.float32)
   return LowRankMoments(basis, mu, nu, error)

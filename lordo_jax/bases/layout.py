@@ -66,11 +66,15 @@ def spec_of(x: jax.Array) -> tuple:
   return spec + (None,) * (x.ndim - len(spec))
 
 
-def zeros(shape: tuple[int, ...], dtype, spec: tuple) -> jax.Array:
-  """Zeros of ``shape``, each dimension split over the mesh axes ``spec`` names."""
+def zeros(shape: tuple[int, ...], dtype, spec: tuple, like: jax.Array) -> jax.Array:
+  """Zeros of ``shape``, each dimension split over the mesh axes ``spec`` names, on the
+  mesh ``like`` (an array split over it) lives on."""
   if all(axes is None for axes in spec):
     return jnp.zeros(shape, dtype)
-  return jnp.zeros(shape, dtype, out_sharding=PartitionSpec(*spec))
+  mesh = jax.typeof(like).sharding.mesh
+  return jnp.zeros(
+    shape, dtype, out_sharding=jax.sharding.NamedSharding(mesh, PartitionSpec(*spec))
+  )
 
 
 def product(a: jax.Array, b: jax.Array) -> jax.Array:
