@@ -11,7 +11,9 @@ devices): ``quality.py`` (trains, or reads its cached runs), then
 shapes and the full study's ``time_to_target.json``), ``extensions.py``
 (compressed, streamed, two-sided and adaptive syncs, at the quality study's best
 learning rates), then the optimizer-step
-studies ``step_speed.py``, ``step_overhead.py`` and ``memory.py`` where present.
+studies ``step_speed.py``, ``step_overhead.py``, ``memory.py``, ``sharded_memory.py``
+(per-device state under FSDP, offload on and off) and ``refresh.py`` (refresh time and
+LoRDO's quality per projection; it reads the quality study's results) where present.
 A study gets ``--quick`` and ``--out`` when its ``--help`` offers them; in quick
 mode a study that offers neither is skipped, so quick mode never writes over the
 committed full results. The wall time of each study goes to ``run_all.json``.
@@ -34,6 +36,8 @@ STUDIES = (
   "step_speed",
   "step_overhead",
   "memory",
+  "sharded_memory",
+  "refresh",
 )
 RESULTS = HERE / "results"
 QUICK_RESULTS = ROOT / "runs" / "benchmarks_quick"

@@ -56,7 +56,8 @@ def fsdp_spec(shape: tuple[int, ...], f: int) -> P:
   """
   if f == 1:
     return P()
-  dims = sorted(range(len(shape)), key=lambda i: shape[i])
+  # Ties go to the last dimension: a square matrix is projected on the left and keeps q.
+  dims = sorted(range(len(shape)), key=lambda i: (shape[i], -i))
   for i in dims:
     if shape[i] % f == 0:
       return P(*(None,) * i, "fsdp")
