@@ -135,13 +135,13 @@ def test_after_resume_the_state_is_split_over_fsdp_with_the_anchor_on_the_host(r
       assert got.sharding.is_equivalent_to(want, got.ndim), (got.sharding, want)
       assert got.sharding.memory_kind == want.memory_kind
   up = resumed_state.anchor["blocks"][0]["mlp"]["up"]["kernel"]  # 32 x 128 per worker
-  assert tuple(up.sharding.spec) == (train.AXIS, None, train.FSDP_AXIS)
+  assert tuple(up.sharding.spec) == (train.AXIS, train.FSDP_AXIS, None)  # The kept side.
   assert up.sharding.memory_kind == "pinned_host"
   assert {a.sharding.memory_kind for a in jax.tree.leaves(resumed_state.anchor)} == {"pinned_host"}
   split = [x for x in jax.tree.leaves(resumed_state) if train.FSDP_AXIS in x.sharding.spec]
   assert len(split) > len(jax.tree.leaves(resumed_state.anchor))  # Moments too, not only it.
   # The live state at the end of the resumed call: anchor in host memory, and a
-  # device holds half of the worker's device-resident state, but for the whole bases.
+  # device holds half of the worker's device-resident state, but for its counters.
   sizes, unsharded = runs["resumed"].state_bytes, runs["unsharded"].state_bytes
   assert sizes["host"] == sizes["offloadable"] == unsharded["offloadable"] > 0
   assert sizes["total"] == unsharded["total"] == unsharded["device"]

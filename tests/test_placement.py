@@ -142,16 +142,28 @@ def test_state_sharding_refuses_params_not_stacked_over_the_worker_axis():
     lordo_jax.state_sharding(METHODS["diloco_int8"](), {"w": w}, worker_axis=AXIS)
 
 
-def test_init_under_jit_follows_explicit_params_without_a_mesh_context():
-  """``jax.jit(tx.init)`` of params split over an Explicit axis, no ``set_mesh``: the
-  moments split along the kept dimension, the basis along its rows, the anchor like w."""
+def test_init_under_jit_follows_explicit_params():
+  """``jax.jit(tx.init)`` of params split over an Explicit axis, in the mesh's context:
+  the moments split along the kept dimension, the basis along its rows, the anchor like w."""
   mesh = jax.make_mesh((2,), ("fsdp",), devices=jax.devices()[:2])
   w = jax.device_put(jnp.ones((16, 8)), NamedSharding(mesh, P(None, "fsdp")))
   tx = lordo_jax.lordo(1e-2, rank=2, sync_every=2, init_projection="random")
-  state = jax.jit(tx.init)({"w": w})
+  set_mesh = getattr(jax, "set_mesh", None) or jax.sharding.use_mesh
+  with set_mesh(mesh):
+    state = jax.jit(tx.init)({"w": w})
   leaves = {jax.tree_util.keystr(k): v for k, v in jax.tree_util.tree_leaves_with_path(state)}
   (mu,) = [v for k, v in leaves.items() if k.endswith("moments['w'].mu")]
   (basis,) = [v for k, v in leaves.items() if k.endswith("moments['w'].basis")]
   assert _layout(mu.sharding)[0][:2] == (None, "fsdp")  # r x q, q split
   assert _layout(basis.sharding)[0][:2] == ("fsdp", None)  # p x r, p split
+  assert _layout(state.anchor["w"].sharding)[0][:2] == (None, "fsdp")
+
+
+def test_init_under_jit_runs_without_a_mesh_context():
+  """Outside any mesh context (where jax 0.10 still types arrays by their sharding) the
+  init must not ask for one: every split buffer is made on the parameter's own mesh."""
+  mesh = jax.make_mesh((2,), ("fsdp",), devices=jax.devices()[:2])
+  w = jax.device_put(jnp.ones((16, 8)), NamedSharding(mesh, P(None, "fsdp")))
+  tx = lordo_jax.lordo(1e-2, rank=2, sync_every=2, init_projection="random")
+  state = jax.jit(tx.init)({"w": w})
   assert _layout(state.anchor["w"].sharding)[0][:2] == (None, "fsdp")

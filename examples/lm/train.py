@@ -10,7 +10,7 @@ step body is the ordinary single-worker optax step.
 
 With ``fsdp=N`` (N > 1) each worker also shards its parameters N ways (FSDP): the mesh
 is ``(workers, data, fsdp)`` with ``Auto`` axes, each parameter is split over ``fsdp``
-on its largest dimension that N divides, and the step is manual over ``workers`` and
+on its smallest dimension that N divides, and the step is manual over ``workers`` and
 ``data`` only, so the model sees its parameters split over ``fsdp`` and the compiler
 gathers what it needs (the Flax model runs unchanged). The optimizer state is laid out
 like its parameter (``lordo_jax.state_sharding``), and the step keeps both layouts
@@ -136,15 +136,18 @@ def make_mesh(num_workers: int, fsdp: int = 1) -> jax.sharding.Mesh:
 
 
 def param_spec(shape: tuple[int, ...], fsdp: int) -> P:
-  """``P("workers", ...)`` of a stacked leaf: ``fsdp`` on its largest dimension N divides.
+  """``P("workers", ...)`` of a stacked leaf: ``fsdp`` on its smallest dimension N divides.
 
-  A leaf none of whose dimensions (after the worker dimension) N divides stays whole
-  in each worker.
+  For a low-rank matrix that is the dimension its moments keep (ties go to the last,
+  as a square matrix projected on the left keeps its columns), so that its moments
+  split with it and its basis along the other dimension: every state leaf shrinks N
+  ways (README, "Sharded models"). A leaf none of whose dimensions (after the worker
+  dimension) N divides stays whole in each worker.
   """
   dims = [i for i in range(1, len(shape)) if fsdp > 1 and shape[i] % fsdp == 0]
   if not dims:
     return P(AXIS)
-  split = max(dims, key=lambda i: shape[i])
+  split = min(dims, key=lambda i: (shape[i], -i))
   return P(AXIS, *(FSDP_AXIS if i == split else None for i in range(1, len(shape))))
 
 
