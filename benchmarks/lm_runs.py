@@ -58,6 +58,7 @@ class RunSpec:
   weight_decay: float = 0.0
   eval_every: int = 16
   eval_windows: int = 64
+  clip_norm: float | None = None  # Each worker's gradient clipped to this global norm.
 
   def config(self) -> train.TrainConfig:
     """The ``TrainConfig`` of this run."""
@@ -75,11 +76,19 @@ class RunSpec:
       eval_every=self.eval_every,
       eval_windows=self.eval_windows,
       optimizer_options=self.variant.options,
+      clip_norm=self.clip_norm,
     )
 
   def key(self) -> dict[str, Any]:
-    """The settings that name the cache file (the description is not one)."""
+    """The settings that name the cache file (the description is not one).
+
+    A setting added after runs were cached (:data:`ADDED`) is left out at its default,
+    so that those runs keep their names.
+    """
     fields = dataclasses.asdict(self)
+    for name, default in ADDED.items():
+      if fields[name] == default:
+        del fields[name]
     variant = self.variant
     fields["variant"] = {"name": variant.name, "method": variant.method}
     fields["variant"]["options"] = [list(o) for o in variant.options]
@@ -88,6 +97,10 @@ class RunSpec:
   def file_name(self) -> str:
     """The cache file of this run: see :func:`file_name`."""
     return file_name(self.key())
+
+
+# Settings added to RunSpec after the first runs were cached, with their defaults.
+ADDED = {"clip_norm": None}
 
 
 def file_name(key: dict[str, Any]) -> str:

@@ -1,0 +1,351 @@
+r"""The paper's claims over many rounds: the quality study at 4x and 8x its steps.
+
+    python benchmarks/long_horizon.py             # 1,024 and 2,048 steps: many CPU-hours
+    python benchmarks/long_horizon.py --cached    # report what is cached, train nothing
+    python benchmarks/long_horizon.py --quick     # tiny preset, 96 steps: about a minute
+
+The quality study (:mod:`quality`) trains 256 steps, 16 rounds of K = 16. This study
+trains the same model, data, workers, rank and K for ``--horizons`` steps (default
+1,024 and 2,048: 64 and 128 rounds; warmup 32, then cosine over the whole run). Each
+method of :data:`METHODS` runs at the learning rate the quality study found best for
+it and at the rates either side of it on the sweep's grid; the rate with the lowest
+seed-0 loss at that horizon is run with every seed (the quality study's rate with every
+seed in any case). A method's loss at a horizon is the mean over seeds at its best rate
+there. LoRDO's gap to low-rank DDP is then read against the number of rounds (16 from
+the quality study, then each horizon), with the exponent of a power law fitted through
+the points where the gap is positive; the rank x batch sweep of claim (d) runs at the
+longest horizon.
+
+Runs go to the quality study's cache (``<out>/runs``, one JSON file per run; see
+:mod:`lm_runs`) in :func:`plan`'s order, most informative first, so an interrupted
+study has its most useful rows; ``--cached`` writes the report from the runs present
+(rows still missing are marked).
+"""
+
+import os
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # Before NumPy loads: see quality.py.
+
+import argparse  # noqa: E402
+import dataclasses  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import pathlib  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+
+import lm_runs  # noqa: E402
+import quality  # noqa: E402
+import quality_report  # noqa: E402
+import studies  # noqa: E402
+import variants  # noqa: E402
+
+# Trained group by group, each at every horizon: claim (a)'s pair first, then the rows
+# of claims (b) and (c) with DDP, then the other baselines.
+GROUPS = (
+  ("lordo", "low_rank_ddp"),
+  ("ddp", "lordo_global_projection_only", "lordo_local_projection"),
+  ("local_adam", "diloco", "desloc"),
+)
+METHODS = tuple(name for group in GROUPS for name in group)
+QUICK_GROUPS = (("lordo", "low_rank_ddp"),)
+# The sweep's grid, one step further at each end.
+GRID = (5e-4, *quality.FULL.learning_rates, 7.5e-2)
+NAME = "long_horizon"
+
+
+def neighbours(rate: float, grid: tuple[float, ...]) -> list[float]:
+  """``rate`` and the rates either side of it on ``grid`` (``rate`` first)."""
+  i = grid.index(rate)
+  return [rate, *grid[max(0, i - 1) : i], *grid[i + 1 : i + 2]]
+
+
+def spec(study: quality.Study, steps: int, name: str, lr: float, seed: int, rank=None, batch=None):
+  """The run of variant ``name`` at ``steps`` steps (the rest as the quality study)."""
+  run = study.spec(variants.by_name(name), lr, seed, rank, batch)
+  return dataclasses.replace(run, steps=steps)
+
+
+class Runs:
+  """The runs of the study, trained (or read) on demand, or only read (``train=False``)."""
+
+  def __init__(self, cache: pathlib.Path, train: bool):
+    self.cache, self.train = cache, train
+
+  def get(self, run: lm_runs.RunSpec) -> dict | None:
+    path = self.cache / run.file_name()
+    if self.train:
+      return lm_runs.run(run, self.cache)
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def final(record: dict | None) -> float | None:
+  if record is None:
+    return None
+  loss = record["result"]["final_val_loss"]
+  return loss if math.isfinite(loss) else math.inf
+
+
+def method_at(runs: Runs, study, steps: int, name: str, tuned: float, grid) -> dict:
+  """One method at one horizon: its seed-0 sweep over the neighbours of ``tuned``, then
+  every seed at ``tuned`` and at the best rate of the sweep."""
+  sweep = {
+    lr: final(runs.get(spec(study, steps, name, lr, study.seeds[0])))
+    for lr in neighbours(tuned, grid)
+  }
+  done = {lr: x for lr, x in sweep.items() if x is not None}
+  candidates = {tuned} | ({min(done, key=done.get)} if len(done) == len(sweep) else set())
+  seeds = {}
+  for lr in sorted(candidates):
+    losses = [final(runs.get(spec(study, steps, name, lr, s))) for s in study.seeds]
+    if all(x is not None for x in losses):
+      seeds[f"{lr:g}"] = losses
+  best = min(seeds, key=lambda lr: statistics.fmean(seeds[lr])) if seeds else None
+  return {
+    "method": name,
+    "steps": steps,
+    "tuned_lr": tuned,
+    "sweep": {f"{lr:g}": x for lr, x in sweep.items()},
+    "seeds": seeds,
+    "best_lr": best,
+    "mean": statistics.fmean(seeds[best]) if best else None,
+    "spread": statistics.stdev(seeds[best]) if best and len(seeds[best]) > 1 else 0.0,
+    "complete": len(done) == len(sweep) and best is not None,
+  }
+
+
+def rank_batch(runs: Runs, study, steps: int, rates: dict) -> list[dict]:
+  """Claim (d) at ``steps``: both variants of :data:`variants.RANK_BATCH` at every rank x
+  batch, each at its own rate, paired by seed."""
+  rows = []
+  for r in study.ranks:
+    for b in study.batch_sizes:
+      losses = {
+        name: [final(runs.get(spec(study, steps, name, rates[name], s, r, b))) for s in study.seeds]
+        for name in variants.RANK_BATCH
+      }
+      lordo, local = (losses[name] for name in variants.RANK_BATCH)
+      if any(x is None for x in lordo + local):
+        rows.append({"rank": r, "batch_size": b, "complete": False})
+        continue
+      advantage = [a - b for a, b in zip(local, lordo, strict=True)]
+      rows.append(
+        {
+          "rank": r,
+          "batch_size": b,
+          "complete": True,
+          "losses": losses,
+          "advantage": advantage,
+          "advantage_mean": statistics.fmean(advantage),
+        }
+      )
+  return rows
+
+
+def gap_rows(short: dict, horizons: dict, study) -> list[dict]:
+  """LoRDO's (and every method's) relative gap to low-rank DDP at each number of rounds."""
+  points = [(study.steps, {m["variant"]: m["mean"] for m in short["methods"]})]
+  for steps, rows in horizons.items():
+    points.append((steps, {r["method"]: r["mean"] for r in rows if r["mean"] is not None}))
+  out = []
+  for steps, means in points:
+    reference = means.get("low_rank_ddp")
+    for name, mean in means.items():
+      if reference is not None and name != "low_rank_ddp":
+        gap = (mean - reference) / reference
+        out.append(
+          {"method": name, "steps": steps, "rounds": steps // study.sync_every, "gap": gap}
+        )
+  return out
+
+
+def power_law(rows: list[dict], method: str) -> float | None:
+  """The exponent a of gap ~ rounds^a fitted (least squares in log-log) through the
+  method's points with a positive gap; None with fewer than two."""
+  points = [
+    (math.log(r["rounds"]), math.log(r["gap"]))
+    for r in rows
+    if r["method"] == method and r["gap"] > 0
+  ]
+  if len(points) < 2:
+    return None
+  mx = statistics.fmean(x for x, _ in points)
+  my = statistics.fmean(y for _, y in points)
+  return sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x, _ in points)
+
+
+def run_study(runs: Runs, study, horizons: tuple[int, ...], groups, short: dict) -> dict:
+  """Each group of methods at every horizon (shortest first), then claim (d) at the longest."""
+  grid = GRID if study is quality.FULL else study.learning_rates
+  tuned = short["best_lr"]
+  found = {
+    (steps, name): method_at(runs, study, steps, name, tuned[name], grid)
+    for group in groups
+    for steps in horizons
+    for name in group
+  }
+  methods = [name for group in groups for name in group]
+  results = {steps: [found[steps, name] for name in methods] for steps in horizons}
+  longest = {r["method"]: r for r in results[max(horizons)]}
+  rates = {}  # Each variant of claim (d) at its best rate of the longest horizon.
+  for name in variants.RANK_BATCH:
+    if name in longest:
+      best = longest[name]["best_lr"]
+      rates[name] = float(best) if best else tuned[name]
+  claim_d = (
+    rank_batch(runs, study, max(horizons), rates) if len(rates) == len(variants.RANK_BATCH) else []
+  )
+  gaps = gap_rows(short, results, study)
+  return {
+    "horizons": {str(k): v for k, v in results.items()},
+    "rank_batch": claim_d,
+    "rank_batch_steps": max(horizons),
+    "rank_batch_rates": rates,
+    "gaps": gaps,
+    "exponents": {name: power_law(gaps, name) for name in methods if name != "low_rank_ddp"},
+  }
+
+
+def _loss(row: dict) -> str:
+  if row["mean"] is None:
+    return "not yet run"
+  n = len(row["seeds"][row["best_lr"]])
+  return f"{row['mean']:.4f} +- {row['spread']:.4f} (n={n})"
+
+
+def markdown(result: dict, short: dict, study) -> list[str]:
+  """The per-horizon table, the gap table with its fitted exponents, and claim (d)."""
+  lines = []
+  k = study.sync_every
+  for steps, rows in result["horizons"].items():
+    reference = next((r["mean"] for r in rows if r["method"] == "low_rank_ddp"), None)
+    lines += [f"**{steps} steps ({int(steps) // k} rounds of K = {k})**", ""]
+    lines += studies.table(
+      [
+        "method",
+        "LR of the quality sweep",
+        "seed 0 at each LR",
+        "best LR here",
+        "final val loss (mean +- sd)",
+        "vs low-rank DDP",
+      ],
+      [
+        [
+          r["method"],
+          f"{r['tuned_lr']:g}",
+          ", ".join(f"{lr}: {'-' if x is None else f'{x:.4f}'}" for lr, x in r["sweep"].items()),
+          r["best_lr"] or "-",
+          _loss(r),
+          "-"
+          if r["mean"] is None or reference is None
+          else f"{100 * (r['mean'] - reference) / reference:+.2f}%",
+        ]
+        for r in rows
+      ],
+      align="lrlrrr",
+    )
+    lines.append("")
+  rounds = sorted({g["rounds"] for g in result["gaps"]})
+  table = {(g["method"], g["rounds"]): g["gap"] for g in result["gaps"]}
+  lines += [
+    "Gap to low-rank DDP (relative, mean over seeds at each method's best rate) against rounds:",
+    "",
+  ]
+  lines += studies.table(
+    ["method", *(f"{n} rounds" for n in rounds), "exponent a (gap ~ rounds^a)"],
+    [
+      [
+        name,
+        *(f"{100 * table[name, n]:+.2f}%" if (name, n) in table else "-" for n in rounds),
+        "-" if a is None else f"{a:+.2f}",
+      ]
+      for name, a in result["exponents"].items()
+    ],
+  )
+  if result["rank_batch"]:
+    lines += [
+      "",
+      f"Claim (d) at {result['rank_batch_steps']} steps "
+      "(advantage = local projection - LoRDO, nats, paired by seed):",
+      "",
+    ]
+    lines += studies.table(
+      ["rank", "batch per worker", "advantage per seed", "mean"],
+      [
+        [
+          r["rank"],
+          r["batch_size"],
+          ", ".join(f"{a:+.4f}" for a in r["advantage"]) if r["complete"] else "not yet run",
+          f"{r['advantage_mean']:+.4f}" if r["complete"] else "-",
+        ]
+        for r in result["rank_batch"]
+      ],
+    )
+  return lines
+
+
+def plot(result: dict, path: pathlib.Path) -> None:
+  """Each method's relative gap to low-rank DDP against the number of rounds (log x)."""
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  fig, ax = plt.subplots(figsize=(6.4, 4.2))
+  for name in result["exponents"]:
+    points = sorted((g["rounds"], 100 * g["gap"]) for g in result["gaps"] if g["method"] == name)
+    if points:
+      ax.plot(*zip(*points, strict=True), marker="o", label=name)
+  ax.axhline(0, color="gray", linewidth=0.8)
+  ax.set_xscale("log", base=2)
+  ax.set_xlabel("rounds (K = 16 steps each; log scale)")
+  ax.set_ylabel("final val loss vs low-rank DDP (%)")
+  ax.set_title("The gap to low-rank DDP over longer runs", fontsize=10)
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+def add_options(parser: argparse.ArgumentParser) -> None:
+  parser.add_argument("--horizons", default="1024,2048", help="comma-separated step counts")
+  parser.add_argument("--cached", action="store_true", help="report the cached runs; train nothing")
+
+
+def main(argv=None) -> int:
+  args = studies.parse_args(
+    __doc__, "tiny preset, 96 steps, LoRDO and low-rank DDP, 1 seed", argv, extra=add_options
+  )
+  start = time.perf_counter()
+  study = quality.QUICK if args.quick else quality.FULL
+  horizons = (96,) if args.quick else tuple(int(h) for h in args.horizons.split(","))
+  groups = QUICK_GROUPS if args.quick else GROUPS
+  args.flags = ["--cached"] if args.cached else []
+  short = json.loads((args.out / quality_report.JSON_NAME).read_text())
+  result = run_study(Runs(args.out / "runs", train=not args.cached), study, horizons, groups, short)
+  plot(result, args.out / f"{NAME}.png")
+  notes = [
+    f"The {study.preset} preset, r = {study.rank}, K = {study.sync_every}, batch "
+    f"{study.batch_size} per worker, 8 workers, warmup {study.warmup_steps} then cosine over "
+    f"each run; seeds {list(study.seeds)}; the {study.steps}-step points are the quality "
+    "study's (quality.md).",
+    "A method's rate at a horizon: the lowest seed-0 loss among the quality sweep's best "
+    "and the grid's rates either side; every seed runs there and at the quality sweep's rate, and "
+    "the lower mean is reported.",
+    f"Plot: {NAME}.png.",
+  ]
+  studies.write(
+    NAME,
+    args,
+    {**result, "wall_time_s": time.perf_counter() - start},
+    "The claims over many rounds",
+    markdown(result, short, study),
+    notes,
+  )
+  return 0
+
+
+if __name__ == "__main__":
+  lm_runs.simulate_devices()
+  raise SystemExit(main())
