@@ -1,0 +1,166 @@
+"""The studies of the paper's regime: fidelity.py, paper_protocol.py, long_horizon.py.
+
+Their training runs take CPU-hours, so what is checked here is everything around them,
+on hand-made run records: which runs each study asks for (the cache names the quality
+study's own runs, so they are reused, not retrained), how a learning rate is chosen at a
+horizon, the fitted exponent of the gap, and the protocol's commands.
+"""
+
+import math
+import pathlib
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import fidelity  # noqa: E402
+import lm_runs  # noqa: E402
+import long_horizon  # noqa: E402
+import paper_protocol  # noqa: E402
+import quality  # noqa: E402
+import variants  # noqa: E402
+
+STUDY = quality.FULL
+
+
+def record(loss: float, seed: int = 0, sent: int = 0) -> dict:
+  return {"result": {"final_val_loss": loss, "communicated_bytes": sent}, "spec": {"seed": seed}}
+
+
+class FakeRuns:
+  """``long_horizon.Runs`` over a loss function of (variant, lr, seed, steps); counts asks."""
+
+  def __init__(self, loss):
+    self.loss, self.asked = loss, []
+
+  def get(self, run: lm_runs.RunSpec) -> dict:
+    self.asked.append((run.variant.name, run.learning_rate, run.seed, run.steps))
+    return record(self.loss(run.variant.name, run.learning_rate, run.seed, run.steps), run.seed)
+
+
+def test_a_change_names_its_own_cache_file_and_the_default_is_the_quality_study_run():
+  base = fidelity.spec(STUDY, None, "lordo", 0.0125, 1)
+  assert base.file_name() == STUDY.spec(variants.by_name("lordo"), 0.0125, 1).file_name()
+  assert "clip_norm" not in base.key()  # Added later: left out at its default.
+  names = set()
+  for change in fidelity.CHANGES:
+    run = fidelity.spec(STUDY, change, change.base, 0.0125, 1)
+    assert run.variant.method == change.base
+    assert dict(run.variant.options) == dict(change.options)
+    assert run.sync_every == run.eval_every == (change.sync_every or STUDY.sync_every)
+    assert run.config().clip_norm == change.clip_norm
+    assert all(c.isalnum() or c in "_=.-" for c in run.file_name()), run.file_name()
+    names.add(run.file_name())
+  assert len(names) == len(fidelity.CHANGES)
+
+
+def test_neighbours_on_the_grid():
+  assert long_horizon.neighbours(0.0125, long_horizon.GRID) == [0.0125, 0.005, 0.03]
+  assert long_horizon.neighbours(1e-3, long_horizon.GRID) == [1e-3, 5e-4, 2e-3]
+  assert long_horizon.neighbours(7.5e-2, long_horizon.GRID) == [7.5e-2, 3e-2]
+
+
+def test_a_method_runs_every_seed_at_its_tuned_rate_and_at_the_best_of_the_sweep():
+  """Seed 0 prefers 0.03; over three seeds 0.03 is worse than 0.0125, which is kept."""
+
+  def loss(name, lr, seed, steps):
+    if lr == 0.03:
+      return 1.0 if seed == 0 else 3.0
+    return {0.005: 2.5, 0.0125: 2.0}[lr] + 0.01 * seed
+
+  runs = FakeRuns(loss)
+  row = long_horizon.method_at(runs, STUDY, 1024, "lordo", 0.0125, long_horizon.GRID)
+  assert row["sweep"] == {"0.0125": 2.0, "0.005": 2.5, "0.03": 1.0}
+  assert set(row["seeds"]) == {"0.0125", "0.03"}
+  assert row["best_lr"] == "0.0125"
+  assert row["mean"] == pytest.approx(2.01)
+  assert row["spread"] == pytest.approx(0.01)
+  assert row["complete"]
+  assert {steps for *_, steps in runs.asked} == {1024}
+  assert {(lr, seed) for _, lr, seed, _ in runs.asked} == {
+    (lr, 0) for lr in (0.0125, 0.005, 0.03)
+  } | {(lr, s) for lr in (0.0125, 0.03) for s in (1, 2)}
+
+
+def test_a_missing_run_leaves_the_row_incomplete():
+  class Cached(FakeRuns):
+    def get(self, run):
+      return None if run.learning_rate == 0.03 else super().get(run)
+
+  row = long_horizon.method_at(
+    Cached(lambda *a: 2.0), STUDY, 2048, "lordo", 0.0125, long_horizon.GRID
+  )
+  assert not row["complete"]
+  assert row["sweep"]["0.03"] is None
+  assert row["best_lr"] == "0.0125"  # The tuned rate's seeds are all there.
+
+
+def test_the_gap_and_its_exponent():
+  short = {"methods": [{"variant": "lordo", "mean": 2.2}, {"variant": "low_rank_ddp", "mean": 2.0}]}
+  horizons = {
+    1024: [{"method": "lordo", "mean": 1.05}, {"method": "low_rank_ddp", "mean": 1.0}],
+    2048: [{"method": "lordo", "mean": 1.025}, {"method": "low_rank_ddp", "mean": 1.0}],
+  }
+  gaps = long_horizon.gap_rows(short, horizons, STUDY)
+  assert [(g["rounds"], round(g["gap"], 9)) for g in gaps] == [(16, 0.1), (64, 0.05), (128, 0.025)]
+  # log-log least squares through (16, .1), (64, .05), (128, .025).
+  xs, ys = (
+    [math.log(16), math.log(64), math.log(128)],
+    [math.log(0.1), math.log(0.05), math.log(0.025)],
+  )
+  mx, my = sum(xs) / 3, sum(ys) / 3
+  slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum(
+    (x - mx) ** 2 for x in xs
+  )
+  assert long_horizon.power_law(gaps, "lordo") == pytest.approx(slope)
+  halving = [{"method": "m", "rounds": 2**k, "gap": 0.4 / 2**k} for k in range(4, 8)]
+  assert long_horizon.power_law(halving, "m") == pytest.approx(-1.0)
+  negative = [
+    {"method": "m", "rounds": 16, "gap": -0.01},
+    {"method": "m", "rounds": 64, "gap": 0.02},
+  ]
+  assert long_horizon.power_law(negative, "m") is None
+
+
+def test_the_paper_arm_is_the_fidelity_recipe():
+  line = paper_protocol.command("paper", 2, False, pathlib.Path("/w"))
+  text = " ".join(line)
+  for flag in (
+    "--steps 768", "--warm-start-steps 256", "--warm-start-moments reset", "--warmup 256",
+    "--schedule constant", "--clip-norm 0.5", "--seed 2", "--lr 0.0125", "--sync-every 16",
+    "lordo.omega=0.97", "lordo.full_rank_numerator=error_fed", "lordo.lr_scale=0.5",
+    "low_rank_ddp.qh_nu=0.94", "warm_start.error_feedback=true", "--out /w/paper_s2",
+  ):  # fmt: skip
+    assert flag in text, flag
+  recipe = (ROOT / "docs" / "FIDELITY.md").read_text()
+  options = [line[i + 1] for i, flag in enumerate(line) if flag == "--option"]
+  assert len(options) == 16
+  for option in options:
+    assert f"--option {option}" in recipe, option
+  ours = " ".join(paper_protocol.command("ours", 0, False, pathlib.Path("/w")))
+  assert "--warm-start" not in ours and " --option " not in ours
+  warm = " ".join(paper_protocol.command("warm_start", 0, False, pathlib.Path("/w")))
+  assert "--warm-start-steps 256" in warm and " --option " not in warm
+  assert "--warm-start-moments" not in warm
+
+
+def test_the_protocol_summary_pairs_each_seed():
+  def arm(lordo, low_rank):
+    return [
+      {
+        "command": "c",
+        "warm_start": None,
+        "results": [
+          {"method": "lordo", "final_val_loss": a, "communicated_bytes": 10},
+          {"method": "low_rank_ddp", "final_val_loss": b, "communicated_bytes": 100},
+        ],
+      }
+      for a, b in zip(lordo, low_rank, strict=True)
+    ]
+
+  (row,) = paper_protocol.summarize({"paper": arm([2.2, 2.1], [2.0, 2.1])})
+  assert row["gap"] == pytest.approx([0.1, 0.0])
+  assert row["gap_mean"] == pytest.approx(0.05)
+  assert row["bytes"] == {"lordo": 10, "low_rank_ddp": 100}
