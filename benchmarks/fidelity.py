@@ -1,7 +1,7 @@
 r"""The measured effect of each of the paper's variants (docs/FIDELITY.md) on the LM.
 
     python benchmarks/fidelity.py          # the quality study's settings, 3 seeds: ~35 min
-    python benchmarks/fidelity.py --quick  # the tiny preset, 1 seed: about a minute
+    python benchmarks/fidelity.py --quick  # the tiny preset, 1 seed, 4 changes: ~40 s
 
 Each row changes one setting of LoRDO (or of the low-rank DDP baseline) to the paper's
 or the authors' value, everything else as in the quality study (:mod:`quality`: the
@@ -87,6 +87,10 @@ CHANGES = (
 )
 
 
+# Quick mode: one change of each kind (a LoRDO option, the run's K, clipping, a baseline option).
+QUICK_CHANGES = ("omega=0.97", "K=32", "clip 0.5", "QH inside, nu=0.94")
+
+
 def spec(study: quality.Study, change: Change | None, base: str, lr: float, seed: int):
   """The run of ``change`` (None: ``base`` itself, the quality study's run)."""
   if change is None:
@@ -97,8 +101,8 @@ def spec(study: quality.Study, change: Change | None, base: str, lr: float, seed
   return dataclasses.replace(run, sync_every=k, eval_every=k, clip_norm=change.clip_norm)
 
 
-def measure(study: quality.Study, out) -> list[dict]:
-  """Every row of :data:`CHANGES` over the study's seeds, with its base's runs."""
+def measure(study: quality.Study, out, changes=CHANGES) -> list[dict]:
+  """Every row of ``changes`` over the study's seeds, with its base's runs."""
   best_lr = json.loads((out / quality_report.JSON_NAME).read_text())["best_lr"]
   final = lambda record: record["result"]["final_val_loss"]  # noqa: E731
   base = {
@@ -109,7 +113,7 @@ def measure(study: quality.Study, out) -> list[dict]:
     for name in ("lordo", "low_rank_ddp")
   }
   rows = []
-  for change in CHANGES:
+  for change in changes:
     lr = best_lr[change.base]
     losses = [
       final(lm_runs.run(spec(study, change, change.base, lr, s), out / "runs")) for s in study.seeds
@@ -158,10 +162,11 @@ def markdown(rows: list[dict]) -> list[str]:
 
 
 def main(argv=None) -> int:
-  args = studies.parse_args(__doc__, "the tiny preset, 48 steps, 1 seed", argv)
+  args = studies.parse_args(__doc__, "the tiny preset, 48 steps, 1 seed, 4 changes", argv)
   start = time.perf_counter()
   study = quality.QUICK if args.quick else quality.FULL
-  rows = measure(study, args.out)
+  changes = [c for c in CHANGES if c.name in QUICK_CHANGES] if args.quick else CHANGES
+  rows = measure(study, args.out, changes)
   notes = [
     f"The {study.preset} preset, {study.steps} steps, r = {study.rank}, K = {study.sync_every} "
     f"unless the row changes it, seeds {list(study.seeds)}; each method at the quality "

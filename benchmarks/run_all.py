@@ -13,7 +13,11 @@ shapes and the full study's ``time_to_target.json``), ``extensions.py``
 learning rates), then the optimizer-step
 studies ``step_speed.py``, ``step_overhead.py``, ``memory.py``, ``sharded_memory.py``
 (per-device state under FSDP, offload on and off) and ``refresh.py`` (refresh time and
-LoRDO's quality per projection; it reads the quality study's results) where present.
+LoRDO's quality per projection; it reads the quality study's results) where present,
+then the studies of the paper's regime: ``fidelity.py`` (each of the paper's variants
+alone), ``paper_protocol.py`` (its protocol as a whole, next to ours) and
+``long_horizon.py`` (the claims at 1,024 and 2,048 steps; many CPU-hours in full mode,
+cached run by run).
 A study gets ``--quick`` and ``--out`` when its ``--help`` offers them; in quick
 mode a study that offers neither is skipped, so quick mode never writes over the
 committed full results. The wall time of each study goes to ``run_all.json``.
@@ -38,6 +42,9 @@ STUDIES = (
   "memory",
   "sharded_memory",
   "refresh",
+  "fidelity",
+  "paper_protocol",
+  "long_horizon",
 )
 RESULTS = HERE / "results"
 QUICK_RESULTS = ROOT / "runs" / "benchmarks_quick"

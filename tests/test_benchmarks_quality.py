@@ -1,11 +1,13 @@
-"""The quality and time-to-target studies, in quick mode, end to end in a subprocess.
+"""The studies that train the LM, in quick mode, end to end in a subprocess.
 
-``benchmarks/run_all.py --quick --only quality,time_to_target`` trains every
-variant of the quality study on the tiny LM (a few steps, one seed) and writes its
-JSON, markdown and plots; the checks here recompute from those files what the
-studies claim: every method's bytes against the communication formulas of SPEC
-section 7, the learning-rate choice, the claim numbers, and every simulated time.
-A second run on the same cache must train nothing.
+``benchmarks/run_all.py --quick --only quality,...`` trains every variant of the
+quality study on the tiny LM (a few steps, one seed), then the studies that build on
+it (time to target, extensions, the paper's variants, its protocol, the long horizon),
+and writes their JSON, markdown and plots; the checks here recompute from those files
+what the studies claim: every method's bytes against the communication formulas of
+SPEC section 7, the learning-rate choice, the claim numbers, every simulated time, and
+each later study's use of the quality study's own runs. A second run on the same cache
+must train nothing.
 """
 
 import json
@@ -23,7 +25,10 @@ BENCHMARKS = ROOT / "benchmarks"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 FLOAT32 = 4
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = pytest.mark.timeout(1200)
+STUDIES = (
+  "quality", "time_to_target", "extensions", "fidelity", "paper_protocol", "long_horizon",
+)  # fmt: skip
 
 
 def run(*args: str, timeout: float) -> str:
@@ -52,8 +57,8 @@ def run(*args: str, timeout: float) -> str:
 def out(tmp_path_factory):
   out = tmp_path_factory.mktemp("benchmarks")
   run(
-    str(BENCHMARKS / "run_all.py"), "--quick", "--only", "quality,time_to_target,extensions",
-    "--out", str(out), timeout=600,
+    str(BENCHMARKS / "run_all.py"), "--quick", "--only", ",".join(STUDIES),
+    "--out", str(out), timeout=840,
   )  # fmt: skip
   return out
 
@@ -86,11 +91,7 @@ def test_every_output_is_written(out):
   for heading in ("| method |", "| rank |", "Claims of the paper"):
     assert heading in markdown
   assert "| method | step reached |" in (out / "time_to_target.md").read_text()
-  assert set(json.loads((out / "run_all.json").read_text())["wall_time_s"]) == {
-    "quality",
-    "time_to_target",
-    "extensions",
-  }
+  assert set(json.loads((out / "run_all.json").read_text())["wall_time_s"]) == set(STUDIES)
   assert (out / "extensions.png").read_bytes()[:8] == PNG_MAGIC
 
 
@@ -266,3 +267,55 @@ def test_extensions_send_what_their_options_promise(out, quality):
   gap = (ours["mean"] - reference["mean"]) / reference["mean"]
   assert math.isclose(headline["loss_gap"], gap)
   assert headline["holds"] == (gap <= 0.02 and headline["bytes_ratio"] >= 40)
+
+
+def test_each_paper_variant_is_paired_with_the_quality_study_run(out, quality, rows):
+  fidelity = json.loads((out / "fidelity.json").read_text())
+  assert [r["name"] for r in fidelity["rows"]] == [
+    "omega=0.97",
+    "K=32",
+    "clip 0.5",
+    "QH inside, nu=0.94",
+  ]
+  for r in fidelity["rows"]:
+    assert r["base_losses"] == rows[r["base"]]["final_val_loss"]  # Read, not retrained.
+    assert r["learning_rate"] == quality["best_lr"][r["base"]]
+    assert r["effect"] == pytest.approx(
+      [a - b for a, b in zip(r["losses"], r["base_losses"], strict=True)]
+    )
+    assert all(math.isfinite(x) and x < math.log(256) for x in r["losses"])
+    assert r["losses"] != r["base_losses"]  # Each change changed the run.
+  assert "| lordo | omega=0.97 (2) |" in (out / "fidelity.md").read_text()
+
+
+def test_the_paper_protocol_warm_starts_its_arm_and_pairs_the_seeds(out):
+  protocol = {r["arm"]: r for r in json.loads((out / "paper_protocol.json").read_text())["rows"]}
+  assert set(protocol) == {"paper", "ours"}
+  paper, ours = protocol["paper"], protocol["ours"]
+  assert paper["warm_start_loss"][0] is not None and ours["warm_start_loss"] == [None]
+  assert "--warm-start-steps" in paper["command"] and "--warm-start" not in ours["command"]
+  for row in protocol.values():
+    gap = [(a - b) / b for a, b in zip(row["lordo"], row["low_rank_ddp"], strict=True)]
+    assert row["gap"] == pytest.approx(gap)
+    assert 0 < row["bytes"]["lordo"] < row["bytes"]["low_rank_ddp"]
+  # After the shared phase the arm trains 2/3 of the run: fewer bytes than ours.
+  assert paper["bytes"]["low_rank_ddp"] < ours["bytes"]["low_rank_ddp"]
+
+
+def test_the_long_horizon_gap_reads_the_quality_study_and_its_own_runs(out, quality, rows):
+  result = json.loads((out / "long_horizon.json").read_text())
+  (steps,) = result["horizons"]
+  assert int(steps) > quality["study"]["steps"]
+  found = {r["method"]: r for r in result["horizons"][steps]}
+  assert set(found) == {"lordo", "low_rank_ddp"}
+  k = quality["study"]["sync_every"]
+  gaps = {(g["method"], g["rounds"]): g["gap"] for g in result["gaps"]}
+  short = quality["study"]["steps"] // k
+  reference = rows["low_rank_ddp"]["mean"]
+  assert gaps["lordo", short] == pytest.approx((rows["lordo"]["mean"] - reference) / reference)
+  lordo, low_rank = found["lordo"]["mean"], found["low_rank_ddp"]["mean"]
+  assert gaps["lordo", int(steps) // k] == pytest.approx((lordo - low_rank) / low_rank)
+  for row in found.values():
+    assert row["complete"] and row["tuned_lr"] == quality["best_lr"][row["method"]]
+    assert row["mean"] == min(sum(x) / len(x) for x in row["seeds"].values())
+  assert (out / "long_horizon.png").read_bytes()[:8] == PNG_MAGIC
