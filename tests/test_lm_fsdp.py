@@ -18,8 +18,15 @@ import subprocess
 import sys
 
 import jax
+import lm_example
 import numpy as np
 import pytest
+from lm_example import EXAMPLES
+from lm_example import PRESET
+from lm_example import main
+from lm_example import model
+from lm_example import report
+from lm_example import train
 
 import lordo_jax
 from lordo_jax import checkpoint
@@ -27,39 +34,15 @@ from lordo_jax import checkpoint
 pytestmark = pytest.mark.timeout(240, method="thread")
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-EXAMPLES = ROOT / "examples"
-sys.path.insert(0, str(EXAMPLES))
-import main  # noqa: E402
-from lm import data  # noqa: E402
-from lm import model  # noqa: E402
-from lm import report  # noqa: E402
-from lm import train  # noqa: E402
-
-sys.path.remove(str(EXAMPLES))
 
 M, F, N, K, STOP = 4, 2, 12, 4, 6  # workers, FSDP ways, steps, sync_every; a mid-round stop
 assert STOP % K
-PRESET = model.PRESETS["tiny"]
-CONFIG = train.TrainConfig(
-  steps=N,
-  num_workers=M,
-  batch_size=4,
-  learning_rate=1e-2,
-  warmup_steps=4,
-  rank=4,
-  sync_every=K,
-  refresh_every=K,
-  eval_every=4,
-  eval_windows=8,
-  fsdp=F,
-  offload=True,
-)
+CONFIG = lm_example.short_run(M, N, K, eval_every=4, fsdp=F, offload=True)
 
 
 @pytest.fixture(scope="module")
 def dataset():
-  raw, name = data.load_text(None)
-  return data.split(raw, num_workers=M, seq_len=PRESET.seq_len, batch_size=4, name=name)
+  return lm_example.dataset(M)
 
 
 def run(config, directory, dataset, **changes):

@@ -16,44 +16,30 @@ import subprocess
 import sys
 
 import jax
+import lm_example
 import numpy as np
 import pytest
+from lm_example import EXAMPLES
+from lm_example import PRESET
+from lm_example import checkpoints
+from lm_example import data
+from lm_example import model
+from lm_example import train
 
 from lordo_jax import checkpoint
 
 pytestmark = pytest.mark.timeout(240, method="thread")
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-EXAMPLES = ROOT / "examples"
-sys.path.insert(0, str(EXAMPLES))
-from lm import checkpoints  # noqa: E402
-from lm import data  # noqa: E402
-from lm import model  # noqa: E402
-from lm import train  # noqa: E402
-
-sys.path.remove(str(EXAMPLES))
 
 M, N, K, STOP = 4, 24, 8, 12  # workers, steps, sync_every; the stop is mid-round
 assert STOP % K
-PRESET = model.PRESETS["tiny"]
-CONFIG = train.TrainConfig(
-  steps=N,
-  num_workers=M,
-  batch_size=4,
-  learning_rate=1e-2,
-  warmup_steps=4,
-  rank=4,
-  sync_every=K,
-  refresh_every=K,
-  eval_every=8,
-  eval_windows=8,
-)
+CONFIG = lm_example.short_run(M, N, K, eval_every=8)
 
 
 @pytest.fixture(scope="module")
 def dataset():
-  raw, name = data.load_text(None)
-  return data.split(raw, num_workers=M, seq_len=PRESET.seq_len, batch_size=4, name=name)
+  return lm_example.dataset(M)
 
 
 def final_trees(method: str, directory: pathlib.Path):

@@ -28,41 +28,27 @@ import sys
 
 import jax
 import jax.numpy as jnp
+import lm_example
 import numpy as np
 import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+from lm_example import EXAMPLES
+from lm_example import PRESET
+from lm_example import checkpoints
+from lm_example import model
+from lm_example import train
+from lm_example import warm_start
 
 import lordo_jax
 
 pytestmark = pytest.mark.timeout(300, method="thread")
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-EXAMPLES = ROOT / "examples"
-sys.path.insert(0, str(EXAMPLES))
-from lm import checkpoints  # noqa: E402
-from lm import data  # noqa: E402
-from lm import model  # noqa: E402
-from lm import train  # noqa: E402
-from lm import warm_start  # noqa: E402
-
-sys.path.remove(str(EXAMPLES))
 
 M, N, S, K = 4, 16, 8, 4  # workers, steps, warm-start step, sync_every
-PRESET = model.PRESETS["tiny"]
 DDP_OPTIONS = (("error_feedback", True), ("transport", "rotate"))  # FIDELITY.md point 22
-CONFIG = train.TrainConfig(
-  steps=N,
-  num_workers=M,
-  batch_size=4,
-  learning_rate=1e-2,
-  warmup_steps=4,
-  rank=4,
-  sync_every=K,
-  refresh_every=K,
-  eval_every=S,
-  eval_windows=8,
-)
+CONFIG = lm_example.short_run(M, N, K, eval_every=S)
 
 
 def assert_trees_equal(a, b):
@@ -89,8 +75,7 @@ def test_transplant_names_the_settings_to_match():
 
 @pytest.fixture(scope="module")
 def dataset():
-  raw, name = data.load_text(None)
-  return data.split(raw, num_workers=M, seq_len=PRESET.seq_len, batch_size=4, name=name)
+  return lm_example.dataset(M)
 
 
 @pytest.fixture(scope="module")
