@@ -15,14 +15,16 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+import sharded_mlp
 from jax.sharding import AxisType
 from jax.sharding import PartitionSpec as P
+from sharded_mlp import AXIS
+from sharded_mlp import FSDP_SPECS
 
 import lordo_jax
 
 pytestmark = pytest.mark.timeout(300, method="thread")
 
-AXIS = "workers"
 STEPS = 5  # Syncs at steps 2 and 4 (K = 2); with 2 fragments, one fragment each step.
 METHODS = {
   "lordo": lambda **kw: lordo_jax.lordo(
@@ -41,30 +43,6 @@ OTHERS = {
     1e-2, rank=2, sync_every=2, **kw
   ),
 }
-SPECS = {"up": P(AXIS, "fsdp", None), "down": P(AXIS, None, "fsdp"), "bias": P(AXIS, "fsdp")}
-
-
-def _params():
-  keys = jax.random.split(jax.random.key(0), 2)
-  return {
-    "up": jax.random.normal(keys[0], (16, 24)) / 4,
-    "down": jax.random.normal(keys[1], (24, 16)) / 5,
-    "bias": jnp.zeros((24,)),
-  }
-
-
-def _loss(params, batch):
-  x, y = batch
-  hidden = jnp.tanh(x @ params["up"] + params["bias"])
-  down = params["down"]
-  if any(axes is not None for axes in jax.typeof(hidden).sharding.spec):
-    return jnp.mean((jnp.matmul(hidden, down, out_sharding=P()) - y) ** 2)
-  return jnp.mean((hidden @ down - y) ** 2)
-
-
-def _batch(t: int, workers: int):
-  x = jax.random.normal(jax.random.key(100 + t), (workers, 8, 16))
-  return x, x @ (jax.random.normal(jax.random.key(1), (16, 16)) / 4)
 
 
 def _sync_only(state) -> list:
@@ -76,7 +54,7 @@ def _train(tx, step, params, state, workers, place=lambda b: b, steps=STEPS):
   """``steps`` steps; the memory kinds of the sync-only leaves after each one."""
   kinds = []
   for t in range(steps):
-    params, state = step(params, state, place(_batch(t, workers)))
+    params, state = step(params, state, place(sharded_mlp.batch(t, workers)))
     jax.block_until_ready((params, state))
     kinds.append({leaf.sharding.memory_kind for leaf in _sync_only(state)})
   return params, state, kinds
@@ -87,7 +65,7 @@ def run_sharded(method: str, offload: bool, compression=None, axis_type=AxisType
   """The method on 4 workers x 2-way FSDP; (params, state, kinds, compiled step)."""
   tx = METHODS[method](axis_name=AXIS, offload=offload, compression=compression)
   mesh = jax.make_mesh((4, 2), (AXIS, "fsdp"), axis_types=(axis_type,) * 2)
-  return run(tx, mesh, SPECS)
+  return run(tx, mesh, FSDP_SPECS)
 
 
 def run(tx, mesh, specs):
@@ -101,26 +79,26 @@ def run(tx, mesh, specs):
     return lambda *args: jax.tree.map(lambda a: a[None], fn(*jax.tree.map(lambda a: a[0], args)))
 
   def step(params, state, batch):
-    updates, state = tx.update(jax.grad(_loss)(params, batch), state, params)
+    updates, state = tx.update(jax.grad(sharded_mlp.loss)(params, batch), state, params)
     return optax.apply_updates(params, updates), state
 
   step = jax.jit(manual(one_worker(step)))
   params = jax.tree.map(
     lambda a, spec: jax.device_put(jnp.stack([a] * workers), jax.NamedSharding(mesh, spec)),
-    _params(),
+    sharded_mlp.params(),
     specs,
   )
   state = jax.jit(manual(one_worker(tx.init)))(params)
   place = lambda b: jax.device_put(b, jax.NamedSharding(mesh, P(AXIS)))  # noqa: E731
   params, state, kinds = _train(tx, step, params, state, workers, place)
-  compiled = step.lower(params, state, place(_batch(0, workers))).compile()
+  compiled = step.lower(params, state, place(sharded_mlp.batch(0, workers))).compile()
   return params, state, kinds, compiled
 
 
 @pytest.mark.parametrize("method", list({**METHODS, **OTHERS}))
 def test_every_method_with_an_anchor_places_it_in_host_memory(method):
   tx = {**METHODS, **OTHERS}[method](offload=True)
-  state = tx.init(_params())
+  state = tx.init(sharded_mlp.params())
   assert {leaf.sharding.memory_kind for leaf in _sync_only(state)} == {"pinned_host"}
   assert state.inner_state is not None
   kinds = {leaf.sharding.memory_kind for leaf in jax.tree.leaves(state.inner_state)}
@@ -145,7 +123,7 @@ def test_offload_is_bit_identical_with_the_sync_state_in_host_memory(method):
   off_params, off_state, off_kinds, _ = run_sharded(method, offload=True)
   assert kinds == [{"device"}] * STEPS
   assert off_kinds == [{"pinned_host"}] * STEPS
-  moved = np.max(np.abs(np.asarray(params["up"])[0] - np.asarray(_params()["up"])))
+  moved = np.max(np.abs(np.asarray(params["up"])[0] - np.asarray(sharded_mlp.params()["up"])))
   assert moved > 1e-3  # The runs trained: equal results are not equal initial values.
   _assert_bit_identical((params, state), (off_params, off_state))
   # Offloaded leaves keep their parameter's split over the FSDP axis.
@@ -162,7 +140,7 @@ def test_offload_under_auto_axes():
 def test_offload_keeps_the_compression_residual_in_host_memory():
   """Compression adds a residual, also read only at a sync; 8 unsharded workers."""
   mesh = jax.make_mesh((8,), (AXIS,))
-  specs = {name: P(AXIS) for name in SPECS}
+  specs = {name: P(AXIS) for name in FSDP_SPECS}
   runs = [
     run(
       lordo_jax.lordo(
@@ -186,11 +164,13 @@ def test_offload_on_one_worker_under_jit():
     tx = METHODS["diloco"](offload=offload)
 
     def step(params, state, batch, tx=tx):
-      updates, state = tx.update(jax.grad(_loss)(params, batch), state, params)
+      updates, state = tx.update(jax.grad(sharded_mlp.loss)(params, batch), state, params)
       return optax.apply_updates(params, updates), state
 
     first = lambda b: jax.tree.map(lambda a: a[0], b)  # noqa: E731
-    results.append(_train(tx, jax.jit(step), _params(), tx.init(_params()), 1, first))
+    results.append(
+      _train(tx, jax.jit(step), sharded_mlp.params(), tx.init(sharded_mlp.params()), 1, first)
+    )
   (params, state, kinds), (off_params, off_state, off_kinds) = results
   assert off_kinds == [{"pinned_host"}] * STEPS and kinds == [{"device"}] * STEPS
   _assert_bit_identical((params, state), (off_params, off_state))
@@ -229,5 +209,7 @@ def test_offload_shrinks_the_compiled_steps_device_memory(method):
 def test_state_bytes_reads_the_placement_of_a_sharded_offloaded_state():
   _, state, _, _ = run_sharded("diloco", offload=True)
   sizes = lordo_jax.state_bytes(state)
-  anchor_and_momentum = 2 * sum(4 * 4 * int(np.prod(a.shape)) for a in _params().values())
+  anchor_and_momentum = 2 * sum(
+    4 * 4 * int(np.prod(a.shape)) for a in sharded_mlp.params().values()
+  )
   assert sizes["host"] == sizes["offloadable"] == anchor_and_momentum

@@ -17,14 +17,16 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+import sharded_mlp
 from jax.sharding import AxisType
 from jax.sharding import PartitionSpec as P
+from sharded_mlp import AXIS
+from sharded_mlp import FSDP_SPECS
 
 import lordo_jax
 
 pytestmark = pytest.mark.timeout(600, method="thread")
 
-AXIS = "workers"
 STEPS = 4  # Two syncs at K = 2, two refreshes of low-rank DDP at T = 3.
 METHODS = {
   "lordo_svd": lambda: lordo_jax.lordo(1e-2, rank=2, sync_every=2, axis_name=AXIS),
@@ -76,7 +78,6 @@ PRODUCTS_ONLY = {
 }
 # Inside a worker: FSDP splits each matrix along one dimension; with a "tp" axis the
 # MLP is tensor-parallel too (up's columns and down's rows, Megatron style).
-FSDP_SPECS = {"up": P(AXIS, "fsdp", None), "down": P(AXIS, None, "fsdp"), "bias": P(AXIS, "fsdp")}
 # Each matrix split along the dimension its basis spans (rows on the left, columns on
 # the right): subspace iteration's n x r factor stays split (shifted Cholesky-QR).
 BASIS_SPLIT_SPECS = {
@@ -87,36 +88,9 @@ BASIS_SPLIT_SPECS = {
 TP_SPECS = {"up": P(AXIS, "fsdp", "tp"), "down": P(AXIS, "tp", "fsdp"), "bias": P(AXIS, "tp")}
 
 
-def _params():
-  keys = jax.random.split(jax.random.key(0), 2)
-  return {
-    "up": jax.random.normal(keys[0], (16, 24)) / 4,
-    "down": jax.random.normal(keys[1], (24, 16)) / 5,
-    "bias": jnp.zeros((24,)),
-  }
-
-
-def _matmul(a, b):
-  """``a @ b``; with ``Explicit`` axes a sum over a sharded inner dimension is made
-  whole (an all-reduce inside the worker, as in Megatron's row-parallel layer)."""
-  sharded = any(axes is not None for axes in jax.typeof(a).sharding.spec)
-  return jnp.matmul(a, b, out_sharding=P() if sharded else None)
-
-
-def _loss(params, batch):
-  x, y = batch
-  hidden = jnp.tanh(x @ params["up"] + params["bias"])
-  return jnp.mean((_matmul(hidden, params["down"]) - y) ** 2)
-
-
 def _batches(workers: int):
   """One batch per worker and step; each worker's data differ."""
-  target = jax.random.normal(jax.random.key(1), (16, 16)) / 4
-  batches = []
-  for t in range(STEPS):
-    x = jax.random.normal(jax.random.key(100 + t), (workers, 8, 16))
-    batches.append((x, x @ target))
-  return batches
+  return [sharded_mlp.batch(t, workers) for t in range(STEPS)]
 
 
 def _one_worker(fn):
@@ -143,7 +117,7 @@ def run(method: str, mesh, specs, host: bool = True):
   )
 
   def step(params, state, batch):
-    grads = jax.grad(_loss)(params, batch)
+    grads = jax.grad(sharded_mlp.loss)(params, batch)
     updates, state = tx.update(grads, state, params)
     return optax.apply_updates(params, updates), state
 
@@ -151,7 +125,7 @@ def run(method: str, mesh, specs, host: bool = True):
   step = jax.jit(manual(_one_worker(step)))
   params = jax.tree.map(
     lambda a, spec: jax.device_put(jnp.stack([a] * workers), jax.NamedSharding(mesh, spec)),
-    _params(),
+    sharded_mlp.params(),
     specs,
   )
   state = init(params)
@@ -169,14 +143,14 @@ def run(method: str, mesh, specs, host: bool = True):
 def unsharded_run(method: str, workers: int):
   """The reference: each worker's model whole on one device."""
   mesh = jax.make_mesh((workers,), (AXIS,), devices=jax.devices()[:workers])
-  params, state = run(method, mesh, {name: P(AXIS) for name in _params()})
+  params, state = run(method, mesh, {name: P(AXIS) for name in sharded_mlp.params()})
   return params, lordo_jax.communicated_bytes(state), lordo_jax.communicated_elements(state)
 
 
 def _assert_same_run(method, mesh, specs):
   params, state = run(method, mesh, specs)
   reference, nbytes, elements = unsharded_run(method, mesh.shape[AXIS])
-  for name, initial in _params().items():
+  for name, initial in sharded_mlp.params().items():
     scale = np.max(np.abs(reference[name]))
     moved = np.max(np.abs(reference[name] - np.asarray(initial)[None]))
     assert moved > 1e-3 * scale, name  # The comparison below could fail.
@@ -236,7 +210,7 @@ def test_the_state_of_a_sharded_parameter_is_sharded_like_it(method):
   mesh = jax.make_mesh((4, fsdp), (AXIS, "fsdp"))
   whole_mesh = jax.make_mesh((4,), (AXIS,), devices=jax.devices()[:4])
   _, state = run(method, mesh, FSDP_SPECS, host=False)
-  _, whole = run(method, whole_mesh, {name: P(AXIS) for name in _params()}, host=False)
+  _, whole = run(method, whole_mesh, {name: P(AXIS) for name in sharded_mlp.params()}, host=False)
   device, whole_device = mesh.devices.flat[0], whole_mesh.devices.flat[0]
   sharded, unsharded = _bytes_on(device, state), _bytes_on(whole_device, whole)
   small = _bytes_on(whole_device, whole, _small)
@@ -294,7 +268,7 @@ def optimizer_step_hlo(method: str, mesh, specs, optimizer: bool = True) -> str:
 
   params = jax.tree.map(
     lambda a, spec: jax.device_put(jnp.stack([a] * 4), jax.NamedSharding(mesh, spec)),
-    _params(),
+    sharded_mlp.params(),
     specs,
   )
   state = jax.jit(manual(_one_worker(tx.init)))(params)
@@ -310,7 +284,7 @@ def test_a_products_only_refresh_never_gathers_a_matrix(specs):
   gathers every split input at its boundary; JAX 0.12 does not); the SVD refresh
   does add some (the check can fail)."""
   mesh = jax.make_mesh((4, 2), (AXIS, "fsdp"))
-  shapes = [a.shape for a in _params().values() if a.ndim == 2]
+  shapes = [a.shape for a in sharded_mlp.params().values() if a.ndim == 2]
   boundary = full_matrix_gathers(optimizer_step_hlo("ddp", mesh, specs, optimizer=False), shapes)
   products = {
     method: full_matrix_gathers(optimizer_step_hlo(method, mesh, specs), shapes)
