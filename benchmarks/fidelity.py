@@ -70,6 +70,13 @@ CHANGES = (
     ),
     clip_norm=0.5,
   ),
+  # The together row without clipping and the full-rank QH term: the library's part.
+  Change(
+    "omega=0.97, error feedback, numerator G + E",
+    "lordo",
+    "2, 4, 7",
+    (("omega", 0.97), ("error_feedback", True), ("full_rank_numerator", "error_fed")),
+  ),
   Change("error feedback", "low_rank_ddp", "22", (("error_feedback", True),)),
   Change("QH inside, nu=0.94", "low_rank_ddp", "22", (("qh_nu", 0.94),)),
   Change(
