@@ -70,7 +70,19 @@ CHANGES = (
     ),
     clip_norm=0.5,
   ),
-  # The together row without clipping and the full-rank QH term: the library's part.
+  # The together row without clipping: every part of it that is a library option.
+  Change(
+    "authors' LoRDO options together, no clipping",
+    "lordo",
+    "2, 4, 7, 15",
+    (
+      ("omega", 0.97),
+      ("error_feedback", True),
+      ("full_rank_numerator", "error_fed"),
+      ("full_rank_nu", 0.97),
+    ),
+  ),
+  # ... and without the full-rank QH term either.
   Change(
     "omega=0.97, error feedback, numerator G + E",
     "lordo",
