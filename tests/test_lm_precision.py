@@ -16,22 +16,15 @@ to 2.6%.
 """
 
 import dataclasses
-import pathlib
-import sys
 
 import pytest
+from lm_example import data
+from lm_example import model
+from lm_example import train
 
 from lordo_jax import checkpoint
 
 pytestmark = pytest.mark.timeout(240, method="thread")
-
-EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
-sys.path.insert(0, str(EXAMPLES))
-from lm import data  # noqa: E402
-from lm import model  # noqa: E402
-from lm import train  # noqa: E402
-
-sys.path.remove(str(EXAMPLES))
 
 M, STEPS, BATCH = 8, 128, 32
 PRESET = model.PRESETS["tiny"]
