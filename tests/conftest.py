@@ -1,31 +1,16 @@
 """Test configuration, set once before JAX starts.
 
 * Eight simulated CPU devices.
-* One persistent XLA compilation cache for the whole run: the pytest process, its
-  xdist workers and every subprocess a test starts (the LM job, the benchmarks) inherit
-  its directory through the environment, so a program compiled once (the same model
-  step in a resumed run, in each seed of a study) is not compiled again. The suite is
-  bound by single-threaded compilation, and this removes about a third of it. The
-  directory is fresh for each run, so no result depends on an earlier one; a
-  ``JAX_COMPILATION_CACHE_DIR`` already set is used as it is.
+* No persistent XLA compilation cache: with one shared by the run (2026-11-24), an
+  FSDP + offload LM run loaded from it aborted in 1 of 4 runs on jaxlib 0.10.2 CPU (a
+  collective rendezvous timed out: devices waiting in different collectives).
 * The slowest modules first. ``pytest -n auto --dist loadfile --no-loadscope-reorder``
   (``pyproject.toml``) hands the modules to the workers in collection order, so the
   longest start at once and the short ones fill in around them; a long module handed
-  out last would run alone at the end (it did: 16 min against 13.8 min for the same
-  suite on 2 cores).
+  out last would run alone at the end.
 """
 
-import atexit
-import os
-import shutil
-import tempfile
-
 import pytest
-
-if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
-  os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="lordo_jax_xla_cache_")
-  atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
-os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 try:
   import jax
