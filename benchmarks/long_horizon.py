@@ -5,19 +5,20 @@ r"""The paper's claims over many rounds: the quality study at 4x and 8x its step
     python benchmarks/long_horizon.py --quick     # tiny preset, 96 steps: about a minute
 
 The quality study (:mod:`quality`) trains 256 steps, 16 rounds of K = 16. This study
-trains the same model, data, workers, rank and K for ``--horizons`` steps (default
-1,024 and 2,048: 64 and 128 rounds; warmup 32, then cosine over the whole run). Each
-method of :data:`METHODS` runs at the learning rate the quality study found best for
-it and at the rates either side of it on the sweep's grid; the rate with the lowest
-seed-0 loss at that horizon is run with every seed (the quality study's rate with every
-seed in any case). A method's loss at a horizon is the mean over seeds at its best rate
-there. LoRDO's gap to low-rank DDP is then read against the number of rounds (16 from
-the quality study, then each horizon), with the exponent of a power law fitted through
-the points where the gap is positive; the rank x batch sweep of claim (d) runs at the
-longest horizon.
+trains the same model, data, workers, rank and K for ``--horizons`` steps (default 1,024
+and 2,048: 64 and 128 rounds; warmup 32, then cosine over the whole run). Each method of
+:data:`METHODS` runs at the learning rate the quality study found best for it and at the
+rates either side of it on the sweep's grid; the rate with the lowest seed-0 loss at
+that horizon is run with every seed (the quality study's rate with every seed in any
+case); a rate more than :data:`PRUNE` (10%) above the best seed-0 loss at the shorter
+horizon is not swept again at the longer one. A method's loss at a horizon is the mean
+over seeds at its best rate there. LoRDO's gap to low-rank DDP is then read against the
+number of rounds (16 from the quality study, then each horizon), with the exponent of a
+power law fitted through the points where the gap is positive; the rank x batch sweep of
+claim (d) runs at the longest horizon.
 
 Runs go to the quality study's cache (``<out>/runs``, one JSON file per run; see
-:mod:`lm_runs`) in :func:`plan`'s order, most informative first, so an interrupted
+:mod:`lm_runs`) in :data:`GROUPS`' order, most informative first, so an interrupted
 study has its most useful rows; ``--cached`` writes the report from the runs present
 (rows still missing are marked).
 """
@@ -52,6 +53,9 @@ QUICK_GROUPS = (("lordo", "low_rank_ddp"),)
 # The sweep's grid, one step further at each end.
 GRID = (5e-4, *quality.FULL.learning_rates, 7.5e-2)
 NAME = "long_horizon"
+# A rate this far (relative) above the best seed-0 loss at a horizon is not swept at the
+# next longer one.
+PRUNE = 0.10
 
 
 def neighbours(rate: float, grid: tuple[float, ...]) -> list[float]:
@@ -86,12 +90,25 @@ def final(record: dict | None) -> float | None:
   return loss if math.isfinite(loss) else math.inf
 
 
-def method_at(runs: Runs, study, steps: int, name: str, tuned: float, grid) -> dict:
+def method_at(
+  runs: Runs, study, steps: int, name: str, tuned: float, grid, shorter: dict | None = None
+) -> dict:
   """One method at one horizon: its seed-0 sweep over the neighbours of ``tuned``, then
-  every seed at ``tuned`` and at the best rate of the sweep."""
+  every seed at ``tuned`` and at the best rate of the sweep.
+
+  ``shorter`` is the method's row at the next shorter horizon: a neighbour whose seed-0
+  loss there was more than :data:`PRUNE` above that sweep's best is not run again (a
+  rate that far off at 1,024 steps costs 2,048 more to confirm it)."""
+  skipped = []
+  if shorter is not None:
+    seen = {float(lr): x for lr, x in shorter["sweep"].items() if x is not None}
+    if seen:
+      bound = (1 + PRUNE) * min(seen.values())
+      skipped = [lr for lr in neighbours(tuned, grid) if lr != tuned and seen.get(lr, 0) > bound]
   sweep = {
     lr: final(runs.get(spec(study, steps, name, lr, study.seeds[0])))
     for lr in neighbours(tuned, grid)
+    if lr not in skipped
   }
   done = {lr: x for lr, x in sweep.items() if x is not None}
   candidates = {tuned} | ({min(done, key=done.get)} if len(done) == len(sweep) else set())
@@ -106,6 +123,7 @@ def method_at(runs: Runs, study, steps: int, name: str, tuned: float, grid) -> d
     "steps": steps,
     "tuned_lr": tuned,
     "sweep": {f"{lr:g}": x for lr, x in sweep.items()},
+    "skipped": [f"{lr:g}" for lr in skipped],
     "seeds": seeds,
     "best_lr": best,
     "mean": statistics.fmean(seeds[best]) if best else None,
@@ -178,12 +196,12 @@ def run_study(runs: Runs, study, horizons: tuple[int, ...], groups, short: dict)
   """Each group of methods at every horizon (shortest first), then claim (d) at the longest."""
   grid = GRID if study is quality.FULL else study.learning_rates
   tuned = short["best_lr"]
-  found = {
-    (steps, name): method_at(runs, study, steps, name, tuned[name], grid)
-    for group in groups
-    for steps in horizons
-    for name in group
-  }
+  found = {}
+  for group in groups:
+    for i, steps in enumerate(horizons):
+      for name in group:
+        shorter = found[horizons[i - 1], name] if i else None
+        found[steps, name] = method_at(runs, study, steps, name, tuned[name], grid, shorter)
   methods = [name for group in groups for name in group]
   results = {steps: [found[steps, name] for name in methods] for steps in horizons}
   longest = {r["method"]: r for r in results[max(horizons)]}
@@ -233,7 +251,10 @@ def markdown(result: dict, short: dict, study) -> list[str]:
         [
           r["method"],
           f"{r['tuned_lr']:g}",
-          ", ".join(f"{lr}: {'-' if x is None else f'{x:.4f}'}" for lr, x in r["sweep"].items()),
+          ", ".join(
+            [f"{lr}: {'-' if x is None else f'{x:.4f}'}" for lr, x in r["sweep"].items()]
+            + [f"{lr}: skipped" for lr in r["skipped"]]
+          ),
           r["best_lr"] or "-",
           _loss(r),
           "-"
@@ -319,7 +340,7 @@ def main(argv=None) -> int:
   )
   start = time.perf_counter()
   study = quality.QUICK if args.quick else quality.FULL
-  horizons = (96,) if args.quick else tuple(int(h) for h in args.horizons.split(","))
+  horizons = (96,) if args.quick else tuple(sorted(int(h) for h in args.horizons.split(",")))
   groups = QUICK_GROUPS if args.quick else GROUPS
   args.flags = ["--cached"] if args.cached else []
   short = json.loads((args.out / quality_report.JSON_NAME).read_text())
@@ -332,7 +353,9 @@ def main(argv=None) -> int:
     "study's (quality.md).",
     "A method's rate at a horizon: the lowest seed-0 loss among the quality sweep's best "
     "and the grid's rates either side; every seed runs there and at the quality sweep's rate, and "
-    "the lower mean is reported.",
+    "the lower mean is reported. A rate more than "
+    f"{100 * PRUNE:.0f}% above the best seed-0 loss at the shorter horizon is skipped at the "
+    "longer one.",
     f"Plot: {NAME}.png.",
   ]
   studies.write(

@@ -1,16 +1,34 @@
 """Test configuration, set once before JAX starts.
 
 * Eight simulated CPU devices.
-* No persistent XLA compilation cache: with one shared by the run (2026-11-24), an
-  FSDP + offload LM run loaded from it aborted in 1 of 4 runs on jaxlib 0.10.2 CPU (a
-  collective rendezvous timed out: devices waiting in different collectives).
+* One persistent XLA compilation cache for the whole run: the pytest process, its
+  xdist workers and every subprocess a test starts (the LM job, the benchmarks) inherit
+  its directory through the environment, so a program compiled once (the same model
+  step in a resumed run, in each seed of a study) is not compiled again. The suite is
+  bound by single-threaded compilation, and this removes about a third of it. The
+  directory is fresh for each run, so no result depends on an earlier one; a
+  ``JAX_COMPILATION_CACHE_DIR`` already set is used as it is.
+* Except for tests marked ``no_compilation_cache``: those that run programs with
+  host-offloaded state. On jaxlib 0.10.2's CPU client, the LM job's FSDP + offload run
+  aborted in 2 of 6 runs whose executables came from the cache (a collective
+  rendezvous timed out: one device never arrived) and never without it.
 * The slowest modules first. ``pytest -n auto --dist loadfile --no-loadscope-reorder``
   (``pyproject.toml``) hands the modules to the workers in collection order, so the
   longest start at once and the short ones fill in around them; a long module handed
   out last would run alone at the end.
 """
 
+import atexit
+import os
+import shutil
+import tempfile
+
 import pytest
+
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="lordo_jax_xla_cache_")
+  atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 try:
   import jax
@@ -20,6 +38,8 @@ except ImportError as error:  # pytest run from a Python without the project ins
     "command: python3 -m venv .venv && .venv/bin/pip install -e '.[test]' && "
     ".venv/bin/python -m pytest -q"
   ) from error
+
+from jax.experimental.compilation_cache import compilation_cache  # noqa: E402
 
 jax.config.update("jax_num_cpu_devices", 8)
 
@@ -43,3 +63,22 @@ def pytest_collection_modifyitems(items):
   """Moves the modules of :data:`SLOWEST_MODULES` to the front, slowest first."""
   rank = {name: i for i, name in enumerate(SLOWEST_MODULES)}
   items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # Stable: order kept.
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _compilation_cache(request):
+  """The persistent cache off for a module marked ``no_compilation_cache``, in this
+  process and in the processes its tests start, from before its first fixture (autouse
+  fixtures of a scope come first) until after its last test; back on after it."""
+  if request.node.get_closest_marker("no_compilation_cache") is None:
+    yield
+    return
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setenv("JAX_ENABLE_COMPILATION_CACHE", "false")
+    jax.config.update("jax_enable_compilation_cache", False)
+    compilation_cache.reset_cache()  # The next compilation reads the setting again.
+    try:
+      yield
+    finally:
+      jax.config.update("jax_enable_compilation_cache", True)
+      compilation_cache.reset_cache()

@@ -97,6 +97,25 @@ def test_a_missing_run_leaves_the_row_incomplete():
   assert row["best_lr"] == "0.0125"  # The tuned rate's seeds are all there.
 
 
+def test_a_rate_far_off_at_the_shorter_horizon_is_not_swept_at_the_longer():
+  """0.03 was 36% above the best at 1,024 steps, 0.005 6.5%: only 0.03 is left out at
+  2,048 (the tuned rate never is, however far off)."""
+  shorter = {"sweep": {"0.0125": 1.45, "0.005": 1.545, "0.03": 1.97}}
+  runs = FakeRuns(lambda name, lr, seed, steps: {0.005: 1.3, 0.0125: 1.4}[lr] + 0.01 * seed)
+  row = long_horizon.method_at(
+    runs, STUDY, 2048, "lordo", 0.0125, long_horizon.GRID, shorter=shorter
+  )
+  assert row["sweep"] == {"0.0125": 1.4, "0.005": 1.3}
+  assert row["skipped"] == ["0.03"]
+  assert row["complete"] and row["best_lr"] == "0.005"
+  assert 0.03 not in {lr for _, lr, _, _ in runs.asked}
+  far = {"sweep": {"0.0125": 9.0, "0.005": 1.0, "0.03": 1.05}}
+  row = long_horizon.method_at(
+    FakeRuns(lambda *a: 1.0), STUDY, 2048, "lordo", 0.0125, long_horizon.GRID, shorter=far
+  )
+  assert row["skipped"] == [] and set(row["sweep"]) == {"0.0125", "0.005", "0.03"}
+
+
 def test_the_gap_and_its_exponent():
   short = {"methods": [{"variant": "lordo", "mean": 2.2}, {"variant": "low_rank_ddp", "mean": 2.0}]}
   horizons = {

@@ -13,7 +13,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks
 import communication_table as table  # noqa: E402
 import sharded_memory  # noqa: E402
 
-pytestmark = pytest.mark.timeout(300, method="thread")
+# Host-offloaded state: without the compilation cache (tests/conftest.py).
+pytestmark = [pytest.mark.timeout(300, method="thread"), pytest.mark.no_compilation_cache]
 SHAPES = table.gpt2_shapes(1, table.D, 256, 32)  # r = 192 needs the real width.
 COUNTERS = 200  # Bytes of step counters, ledgers and flags, whole on every device.
 

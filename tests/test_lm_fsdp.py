@@ -31,7 +31,8 @@ from lm_example import train
 import lordo_jax
 from lordo_jax import checkpoint
 
-pytestmark = pytest.mark.timeout(240, method="thread")
+# Host-offloaded state: without the compilation cache (tests/conftest.py).
+pytestmark = [pytest.mark.timeout(240, method="thread"), pytest.mark.no_compilation_cache]
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

@@ -23,7 +23,8 @@ from sharded_mlp import FSDP_SPECS
 
 import lordo_jax
 
-pytestmark = pytest.mark.timeout(300, method="thread")
+# Host-offloaded state: without the compilation cache (tests/conftest.py).
+pytestmark = [pytest.mark.timeout(300, method="thread"), pytest.mark.no_compilation_cache]
 
 STEPS = 5  # Syncs at steps 2 and 4 (K = 2); with 2 fragments, one fragment each step.
 METHODS = {

@@ -19,7 +19,8 @@ from jax.sharding import PartitionSpec as P
 
 import lordo_jax
 
-pytestmark = pytest.mark.timeout(300, method="thread")
+# Host-offloaded state: without the compilation cache (tests/conftest.py).
+pytestmark = [pytest.mark.timeout(300, method="thread"), pytest.mark.no_compilation_cache]
 
 AXIS = "workers"
 METHODS = {

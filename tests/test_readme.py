@@ -5,6 +5,12 @@ import re
 import subprocess
 import sys
 
+import pytest
+
+# Its offload example keeps state in host memory: without the compilation cache
+# (tests/conftest.py).
+pytestmark = pytest.mark.no_compilation_cache
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
 
