@@ -195,16 +195,18 @@ def power_law(rows: list[dict], method: str) -> float | None:
 def run_study(runs: Runs, study, horizons: tuple[int, ...], groups, short: dict) -> dict:
   """Each group of methods at every horizon (shortest first), then claim (d) at the longest.
 
-  Within a group and horizon: every seed of every method at its quality-study rate first,
-  seed by seed, then each method's sweep (:func:`method_at`)."""
+  Within a group: every seed of every method at its quality-study rate first, seed by
+  seed, at every horizon; then each method's sweep (:func:`method_at`), horizon by
+  horizon."""
   grid = GRID if study is quality.FULL else study.learning_rates
   tuned = short["best_lr"]
   found = {}
   for group in groups:
-    for i, steps in enumerate(horizons):
-      for seed in study.seeds:  # The group's comparison at its rates first, seed by seed,
-        for name in group:  # so that an interrupted study has paired seeds.
+    for steps in horizons:  # The group's comparison at its rates first, seed by seed, so
+      for seed in study.seeds:  # that an interrupted study has paired seeds at every
+        for name in group:  # horizon before it sweeps any.
           runs.get(spec(study, steps, name, tuned[name], seed))
+    for i, steps in enumerate(horizons):
       for name in group:
         shorter = found[horizons[i - 1], name] if i else None
         found[steps, name] = method_at(runs, study, steps, name, tuned[name], grid, shorter)

@@ -116,19 +116,25 @@ def test_a_rate_far_off_at_the_shorter_horizon_is_not_swept_at_the_longer():
   assert row["skipped"] == [] and set(row["sweep"]) == {"0.0125", "0.005", "0.03"}
 
 
-def test_a_group_trains_its_paired_seeds_before_its_sweeps():
+def test_a_group_trains_its_paired_seeds_at_every_horizon_before_its_sweeps():
   short = {
     "best_lr": {"lordo": 0.0125, "low_rank_ddp": 0.005},
     "methods": [{"variant": "lordo", "mean": 2.2}, {"variant": "low_rank_ddp", "mean": 2.0}],
   }
   runs = FakeRuns(lambda name, lr, seed, steps: 1.0 + 0.1 * (name == "lordo"))
   group = ("lordo", "low_rank_ddp")
-  long_horizon.run_study(runs, STUDY, (1024,), (group,), short)
-  paired = [(n, short["best_lr"][n], s, 1024) for s in STUDY.seeds for n in group]
+  horizons = (1024, 2048)
+  long_horizon.run_study(runs, STUDY, horizons, (group,), short)
+  paired = [(n, short["best_lr"][n], s, h) for h in horizons for s in STUDY.seeds for n in group]
   assert runs.asked[: len(paired)] == paired
-  assert {(n, lr) for n, lr, *_ in runs.asked[len(paired) :]} == {
-    (n, lr) for n in group for lr in long_horizon.neighbours(short["best_lr"][n], long_horizon.GRID)
-  }
+  swept = runs.asked[len(paired) :]
+  assert [h for *_, h in swept] == sorted(h for *_, h in swept)  # Shortest horizon first.
+  for h in horizons:
+    assert {(n, lr) for n, lr, _, steps in swept if steps == h} == {
+      (n, lr)
+      for n in group
+      for lr in long_horizon.neighbours(short["best_lr"][n], long_horizon.GRID)
+    }
 
 
 def test_the_gap_and_its_exponent():
