@@ -50,6 +50,8 @@ GROUPS = (
 )
 METHODS = tuple(name for group in GROUPS for name in group)
 QUICK_GROUPS = (("lordo", "low_rank_ddp"),)
+# Claims (b) and (c): the variant each compares with LoRDO, seed by seed.
+PAIRED = {"b": "lordo_local_projection", "c": "lordo_global_projection_only"}
 # The sweep's grid, one step further at each end.
 GRID = (5e-4, *quality.FULL.learning_rates, 7.5e-2)
 NAME = "long_horizon"
@@ -130,6 +132,41 @@ def method_at(
     "spread": statistics.stdev(seeds[best]) if best and len(seeds[best]) > 1 else 0.0,
     "complete": len(done) == len(sweep) and best is not None,
   }
+
+
+def paired_claims(horizons: dict) -> list[dict]:
+  """Claims (b) and (c) at each horizon: the variant of :data:`PAIRED` minus LoRDO, final
+  loss seed by seed, each at its best rate there; a claim holds where every difference is
+  positive (LoRDO lower at every seed), as in :mod:`quality_claims`. ``final`` is False
+  while either method's sweep is unfinished (its rate may still change)."""
+  rows = []
+  for steps, methods in horizons.items():
+    by_name = {r["method"]: r for r in methods}
+    lordo = by_name.get("lordo")
+    for claim, name in PAIRED.items():
+      other = by_name.get(name)
+      row = {"claim": claim, "method": name, "steps": int(steps)}
+      if lordo is None or other is None or lordo["mean"] is None or other["mean"] is None:
+        rows.append({**row, "complete": False})
+        continue
+      differences = [
+        o - x
+        for o, x in zip(
+          other["seeds"][other["best_lr"]], lordo["seeds"][lordo["best_lr"]], strict=True
+        )
+      ]
+      rows.append(
+        {
+          **row,
+          "complete": True,
+          "final": lordo["complete"] and other["complete"],
+          "rates": {"lordo": lordo["best_lr"], name: other["best_lr"]},
+          "differences": differences,
+          "mean": statistics.fmean(differences),
+          "holds": all(d > 0 for d in differences),
+        }
+      )
+  return rows
 
 
 def rank_batch(runs: Runs, study, steps: int, rates: dict) -> list[dict]:
@@ -224,6 +261,7 @@ def run_study(runs: Runs, study, horizons: tuple[int, ...], groups, short: dict)
   gaps = gap_rows(short, results, study)
   return {
     "horizons": {str(k): v for k, v in results.items()},
+    "paired_claims": paired_claims(results),
     "rank_batch": claim_d,
     "rank_batch_steps": max(horizons),
     "rank_batch_rates": rates,
@@ -240,7 +278,8 @@ def _loss(row: dict) -> str:
 
 
 def markdown(result: dict, short: dict, study) -> list[str]:
-  """The per-horizon table, the gap table with its fitted exponents, and claim (d)."""
+  """The per-horizon table, the gap table with its fitted exponents, claims (b) and (c)
+  seed by seed, and claim (d)."""
   lines = []
   k = study.sync_every
   for steps, rows in result["horizons"].items():
@@ -291,6 +330,31 @@ def markdown(result: dict, short: dict, study) -> list[str]:
       for name, a in result["exponents"].items()
     ],
   )
+  claims = [c for c in result["paired_claims"] if c["complete"]]
+  if claims:
+    lines += [
+      "",
+      "Claims (b) and (c): the variant minus LoRDO (final val loss, nats, paired by seed; "
+      "positive: LoRDO lower), each at its best rate there; the claim holds where every "
+      "seed is positive. (b): local projection; (c): no full-rank term (the subspace "
+      "freezes by construction, quality.md).",
+      "",
+    ]
+    lines += studies.table(
+      ["claim", "steps (rounds)", "rates (LoRDO, variant)", "per seed", "mean", "holds"],
+      [
+        [
+          f"({c['claim']}) {c['method']}",
+          f"{c['steps']} ({c['steps'] // k})",
+          ", ".join(str(lr) for lr in c["rates"].values()),
+          ", ".join(f"{d:+.4f}" for d in c["differences"]),
+          f"{c['mean']:+.4f}",
+          ("yes" if c["holds"] else "no") + ("" if c["final"] else " (sweep unfinished)"),
+        ]
+        for c in claims
+      ],
+      align="llllrl",
+    )
   if result["rank_batch"]:
     lines += [
       "",

@@ -164,6 +164,41 @@ def test_the_gap_and_its_exponent():
   assert long_horizon.power_law(negative, "m") is None
 
 
+def test_claims_b_and_c_are_paired_by_seed_at_each_horizon():
+  def row(method, losses, best="0.0125", complete=True):
+    return {
+      "method": method, "seeds": {best: losses}, "best_lr": best,
+      "mean": sum(losses) / len(losses), "complete": complete,
+    }  # fmt: skip
+
+  horizons = {
+    "1024": [
+      row("lordo", [1.0, 1.2, 1.1]),
+      row("lordo_local_projection", [1.1, 1.25, 1.3], best="0.005"),
+      row("lordo_global_projection_only", [1.05, 1.1, 1.2], complete=False),
+    ],
+    "2048": [row("lordo", [0.9, 0.8, 0.85]), {"method": "lordo_local_projection", "mean": None}],
+  }
+  claims = {(c["claim"], c["steps"]): c for c in long_horizon.paired_claims(horizons)}
+  b = claims["b", 1024]
+  assert b["differences"] == pytest.approx([0.1, 0.05, 0.2]) and b["holds"] and b["final"]
+  assert b["mean"] == pytest.approx(0.35 / 3)
+  assert b["rates"] == {"lordo": "0.0125", "lordo_local_projection": "0.005"}
+  c = claims["c", 1024]  # Better on the mean, worse at seed 1: does not hold.
+  assert c["differences"] == pytest.approx([0.05, -0.1, 0.1]) and not c["holds"]
+  assert not c["final"]  # Its sweep is unfinished.
+  assert not claims["b", 2048]["complete"] and not claims["c", 2048]["complete"]
+  lines = long_horizon.markdown(
+    {"horizons": {}, "gaps": [], "exponents": {}, "rank_batch": [],
+     "paired_claims": list(claims.values())}, {}, STUDY,
+  )  # fmt: skip
+  text = "\n".join(lines)
+  assert (
+    "| (b) lordo_local_projection | 1024 (64) | 0.0125, 0.005 | +0.1000, +0.0500, +0.2000 |" in text
+  )
+  assert "no (sweep unfinished)" in text and "2048 (128)" not in text
+
+
 def test_the_paper_arm_is_the_fidelity_recipe():
   line = paper_protocol.command("paper", 2, False, pathlib.Path("/w"))
   text = " ".join(line)
