@@ -14,13 +14,14 @@ case); a rate more than :data:`PRUNE` (10%) above the best seed-0 loss at the sh
 horizon is not swept again at the longer one. A method's loss at a horizon is the mean
 over seeds at its best rate there. LoRDO's gap to low-rank DDP is then read against the
 number of rounds (16 from the quality study, then each horizon), with the exponent of a
-power law fitted through the points where the gap is positive; the rank x batch sweep of
-claim (d) runs at the longest horizon.
+power law fitted through the points where the gap is positive; claims (b) and (c) are
+read seed by seed at each horizon, and the rank x batch sweep of claim (d) runs at the
+longest horizon.
 
 Runs go to the quality study's cache (``<out>/runs``, one JSON file per run; see
-:mod:`lm_runs`) in :data:`GROUPS`' order, most informative first, so an interrupted
-study has its most useful rows; ``--cached`` writes the report from the runs present
-(rows still missing are marked).
+:mod:`lm_runs`) in :data:`GROUPS`' order, most informative first (claim (d) as soon as
+its two variants are in), so an interrupted study has its most useful rows;
+``--cached`` writes the report from the runs present (rows still missing are marked).
 """
 
 import os
@@ -42,7 +43,8 @@ import studies  # noqa: E402
 import variants  # noqa: E402
 
 # Trained group by group, each at every horizon: claim (a)'s pair first, then the rows
-# of claims (b) and (c) with DDP, then the other baselines.
+# of claims (b) and (c) with DDP, then claim (d) (its variants are in by then), then the
+# other baselines.
 GROUPS = (
   ("lordo", "low_rank_ddp"),
   ("ddp", "lordo_global_projection_only", "lordo_local_projection"),
@@ -230,14 +232,16 @@ def power_law(rows: list[dict], method: str) -> float | None:
 
 
 def run_study(runs: Runs, study, horizons: tuple[int, ...], groups, short: dict) -> dict:
-  """Each group of methods at every horizon (shortest first), then claim (d) at the longest.
+  """Each group of methods at every horizon (shortest first), and claim (d) at the
+  longest as soon as both its variants have their rate there (before the later groups).
 
   Within a group: every seed of every method at its quality-study rate first, seed by
   seed, at every horizon; then each method's sweep (:func:`method_at`), horizon by
-  horizon."""
+  horizon. Claim (d) runs each variant at its best rate of the longest horizon."""
   grid = GRID if study is quality.FULL else study.learning_rates
   tuned = short["best_lr"]
-  found = {}
+  longest = max(horizons)
+  found, claim_d, rates = {}, [], {}
   for group in groups:
     for steps in horizons:  # The group's comparison at its rates first, seed by seed, so
       for seed in study.seeds:  # that an interrupted study has paired seeds at every
@@ -247,23 +251,19 @@ def run_study(runs: Runs, study, horizons: tuple[int, ...], groups, short: dict)
       for name in group:
         shorter = found[horizons[i - 1], name] if i else None
         found[steps, name] = method_at(runs, study, steps, name, tuned[name], grid, shorter)
+    if not rates and all((longest, name) in found for name in variants.RANK_BATCH):
+      for name in variants.RANK_BATCH:
+        best = found[longest, name]["best_lr"]
+        rates[name] = float(best) if best else tuned[name]
+      claim_d = rank_batch(runs, study, longest, rates)
   methods = [name for group in groups for name in group]
   results = {steps: [found[steps, name] for name in methods] for steps in horizons}
-  longest = {r["method"]: r for r in results[max(horizons)]}
-  rates = {}  # Each variant of claim (d) at its best rate of the longest horizon.
-  for name in variants.RANK_BATCH:
-    if name in longest:
-      best = longest[name]["best_lr"]
-      rates[name] = float(best) if best else tuned[name]
-  claim_d = (
-    rank_batch(runs, study, max(horizons), rates) if len(rates) == len(variants.RANK_BATCH) else []
-  )
   gaps = gap_rows(short, results, study)
   return {
     "horizons": {str(k): v for k, v in results.items()},
     "paired_claims": paired_claims(results),
     "rank_batch": claim_d,
-    "rank_batch_steps": max(horizons),
+    "rank_batch_steps": longest,
     "rank_batch_rates": rates,
     "gaps": gaps,
     "exponents": {name: power_law(gaps, name) for name in methods if name != "low_rank_ddp"},

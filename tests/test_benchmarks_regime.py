@@ -33,10 +33,11 @@ class FakeRuns:
   """``long_horizon.Runs`` over a loss function of (variant, lr, seed, steps); counts asks."""
 
   def __init__(self, loss):
-    self.loss, self.asked = loss, []
+    self.loss, self.asked, self.shapes = loss, [], []
 
   def get(self, run: lm_runs.RunSpec) -> dict:
     self.asked.append((run.variant.name, run.learning_rate, run.seed, run.steps))
+    self.shapes.append((run.rank, run.batch_size))
     return record(self.loss(run.variant.name, run.learning_rate, run.seed, run.steps), run.seed)
 
 
@@ -135,6 +136,29 @@ def test_a_group_trains_its_paired_seeds_at_every_horizon_before_its_sweeps():
       for n in group
       for lr in long_horizon.neighbours(short["best_lr"][n], long_horizon.GRID)
     }
+
+
+def test_claim_d_runs_once_its_variants_have_their_rates_before_the_later_groups():
+  tuned = {name: 0.0125 for name in long_horizon.METHODS}
+  short = {"best_lr": tuned, "methods": []}
+  # LoRDO's best at 2,048 steps is 0.005, the local projection's its tuned 0.0125.
+  runs = FakeRuns(
+    lambda name, lr, seed, steps: 1.0 - 0.1 * (name == "lordo" and lr == 0.005 and steps == 2048)
+  )
+  result = long_horizon.run_study(runs, STUDY, (1024, 2048), long_horizon.GROUPS, short)
+  assert result["rank_batch_rates"] == {"lordo": 0.005, "lordo_local_projection": 0.0125}
+  main = (STUDY.rank, STUDY.batch_size)
+  first = next(i for i, shape in enumerate(runs.shapes) if shape != main)
+  last = max(i for i, shape in enumerate(runs.shapes) if shape != main)
+  before = {name for name, *_ in runs.asked[:first]}
+  assert before == {*long_horizon.GROUPS[0], *long_horizon.GROUPS[1]}
+  later = [i for i, (name, *_) in enumerate(runs.asked) if name in long_horizon.GROUPS[2]]
+  assert later and min(later) > last
+  cells = {(r, b) for r in STUDY.ranks for b in STUDY.batch_sizes} - {main}
+  claim_d = set(zip(runs.asked[first : last + 1], runs.shapes[first : last + 1], strict=True))
+  assert {shape for _, shape in claim_d} == cells
+  assert {(name, lr) for (name, lr, *_), _ in claim_d} == set(result["rank_batch_rates"].items())
+  assert all(row["complete"] for row in result["rank_batch"])
 
 
 def test_the_gap_and_its_exponent():
