@@ -46,16 +46,20 @@ jax.config.update("jax_num_cpu_devices", 8)
 # Seconds per module, summed over its tests (``pytest --durations=0``, 2 cores,
 # 2026-11-24); the rest follow in their usual order.
 SLOWEST_MODULES = (
-  "test_benchmarks_quality.py",  # 362
-  "test_sharded_workers.py",  # 222
-  "test_benchmarks_accelerator.py",  # 100
-  "test_examples.py",  # 81
-  "test_golden_runs.py",  # 60
-  "test_lm_resume.py",  # 54
-  "test_streaming.py",  # 54
-  "test_multiprocess_fsdp.py",  # 49
-  "test_benchmarks_speed.py",  # 46
-  "test_offload.py",  # 46
+  "test_benchmarks_quality.py",  # 411
+  "test_sharded_workers.py",  # 224
+  "test_lm_fsdp.py",  # 127
+  "test_examples.py",  # 80
+  "test_golden_runs.py",  # 77
+  "test_lm_resume.py",  # 73
+  "test_benchmarks_accelerator.py",  # 71
+  "test_offload.py",  # 58
+  "test_multiprocess_fsdp.py",  # 57
+  "test_lm_warm_start.py",  # 54
+  "test_lm_paper_options.py",  # 53
+  "test_streaming.py",  # 52
+  "test_benchmarks_speed.py",  # 48
+  "test_lm_precision.py",  # 47
 )
 
 
