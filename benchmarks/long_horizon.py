@@ -8,8 +8,9 @@ The quality study (:mod:`quality`) trains 256 steps, 16 rounds of K = 16. This s
 trains the same model, data, workers, rank and K for ``--horizons`` steps (default 1,024
 and 2,048: 64 and 128 rounds; warmup 32, then cosine over the whole run). Each method of
 :data:`METHODS` runs at the learning rate the quality study found best for it and at the
-rates either side of it on the sweep's grid; the rate with the lowest seed-0 loss at
-that horizon is run with every seed (the quality study's rate with every seed in any
+rates either side of it on the sweep's grid (and further out, one rate at a time, while
+the rate at the sweep's edge wins); the rate with the lowest seed-0 loss at that horizon
+is run with every seed (the quality study's rate with every seed in any
 case); a rate more than :data:`PRUNE` (10%) above the best seed-0 loss at the shorter
 horizon is not swept again at the longer one. A method's loss at a horizon is the mean
 over seeds at its best rate there. LoRDO's gap to low-rank DDP is then read against the
@@ -100,6 +101,9 @@ def method_at(
   """One method at one horizon: its seed-0 sweep over the neighbours of ``tuned``, then
   every seed at ``tuned`` and at the best rate of the sweep.
 
+  A neighbour that wins the sweep may not be the best rate: the sweep goes on past it,
+  one rate of ``grid`` at a time, while the newest rate wins.
+
   ``shorter`` is the method's row at the next shorter horizon: a neighbour whose seed-0
   loss there was more than :data:`PRUNE` above that sweep's best is not run again (a
   rate that far off at 1,024 steps costs 2,048 more to confirm it)."""
@@ -109,11 +113,17 @@ def method_at(
     if seen:
       bound = (1 + PRUNE) * min(seen.values())
       skipped = [lr for lr in neighbours(tuned, grid) if lr != tuned and seen.get(lr, 0) > bound]
-  sweep = {
-    lr: final(runs.get(spec(study, steps, name, lr, study.seeds[0])))
-    for lr in neighbours(tuned, grid)
-    if lr not in skipped
-  }
+
+  def seed_0(lr: float) -> float | None:
+    return final(runs.get(spec(study, steps, name, lr, study.seeds[0])))
+
+  sweep = {lr: seed_0(lr) for lr in neighbours(tuned, grid) if lr not in skipped}
+  while None not in sweep.values():
+    winner = min(sweep, key=sweep.get)
+    i = grid.index(winner) + (1 if winner > tuned else -1)
+    if winner == tuned or not 0 <= i < len(grid) or grid[i] in sweep:
+      break
+    sweep[grid[i]] = seed_0(grid[i])
   done = {lr: x for lr, x in sweep.items() if x is not None}
   candidates = {tuned} | ({min(done, key=done.get)} if len(done) == len(sweep) else set())
   seeds = {}
@@ -424,7 +434,8 @@ def main(argv=None) -> int:
     f"each run; seeds {list(study.seeds)}; the {study.steps}-step points are the quality "
     "study's (quality.md).",
     "A method's rate at a horizon: the lowest seed-0 loss among the quality sweep's best "
-    "and the grid's rates either side; every seed runs there and at the quality sweep's rate, and "
+    "and the grid's rates either side (further out while the rate at the edge wins); every "
+    "seed runs there and at the quality sweep's rate, and "
     "the lower mean is reported. A rate more than "
     f"{100 * PRUNE:.0f}% above the best seed-0 loss at the shorter horizon is skipped at the "
     "longer one.",

@@ -69,11 +69,12 @@ def test_a_method_runs_every_seed_at_its_tuned_rate_and_at_the_best_of_the_sweep
   def loss(name, lr, seed, steps):
     if lr == 0.03:
       return 1.0 if seed == 0 else 3.0
-    return {0.005: 2.5, 0.0125: 2.0}[lr] + 0.01 * seed
+    return {0.005: 2.5, 0.0125: 2.0, 0.075: 1.5}[lr] + 0.01 * seed
 
   runs = FakeRuns(loss)
   row = long_horizon.method_at(runs, STUDY, 1024, "lordo", 0.0125, long_horizon.GRID)
-  assert row["sweep"] == {"0.0125": 2.0, "0.005": 2.5, "0.03": 1.0}
+  # 0.03 wins the neighbours, so the sweep goes on to 0.075, which loses: it stops there.
+  assert row["sweep"] == {"0.0125": 2.0, "0.005": 2.5, "0.03": 1.0, "0.075": 1.5}
   assert set(row["seeds"]) == {"0.0125", "0.03"}
   assert row["best_lr"] == "0.0125"
   assert row["mean"] == pytest.approx(2.01)
@@ -81,8 +82,21 @@ def test_a_method_runs_every_seed_at_its_tuned_rate_and_at_the_best_of_the_sweep
   assert row["complete"]
   assert {steps for *_, steps in runs.asked} == {1024}
   assert {(lr, seed) for _, lr, seed, _ in runs.asked} == {
-    (lr, 0) for lr in (0.0125, 0.005, 0.03)
+    (lr, 0) for lr in (0.0125, 0.005, 0.03, 0.075)
   } | {(lr, s) for lr in (0.0125, 0.03) for s in (1, 2)}
+
+
+def test_the_sweep_walks_on_while_the_rate_at_its_edge_wins():
+  """Lower is better down to the grid's end: 0.001 wins the neighbours of 0.002, then
+  0.0005 wins, and the grid has nothing below it. Where the tuned rate wins, the sweep
+  is its neighbours only."""
+  runs = FakeRuns(lambda name, lr, seed, steps: 1.0 + lr + 0.01 * seed)
+  row = long_horizon.method_at(runs, STUDY, 2048, "ddp", 0.002, long_horizon.GRID)
+  assert list(row["sweep"]) == ["0.002", "0.001", "0.005", "0.0005"]
+  assert row["best_lr"] == "0.0005" and row["complete"]
+  valley = FakeRuns(lambda name, lr, seed, steps: abs(lr - 0.002))
+  row = long_horizon.method_at(valley, STUDY, 2048, "ddp", 0.002, long_horizon.GRID)
+  assert list(row["sweep"]) == ["0.002", "0.001", "0.005"]
 
 
 def test_a_missing_run_leaves_the_row_incomplete():
@@ -102,11 +116,12 @@ def test_a_rate_far_off_at_the_shorter_horizon_is_not_swept_at_the_longer():
   """0.03 was 36% above the best at 1,024 steps, 0.005 6.5%: only 0.03 is left out at
   2,048 (the tuned rate never is, however far off)."""
   shorter = {"sweep": {"0.0125": 1.45, "0.005": 1.545, "0.03": 1.97}}
-  runs = FakeRuns(lambda name, lr, seed, steps: {0.005: 1.3, 0.0125: 1.4}[lr] + 0.01 * seed)
+  losses = {0.002: 1.35, 0.005: 1.3, 0.0125: 1.4}
+  runs = FakeRuns(lambda name, lr, seed, steps: losses[lr] + 0.01 * seed)
   row = long_horizon.method_at(
     runs, STUDY, 2048, "lordo", 0.0125, long_horizon.GRID, shorter=shorter
   )
-  assert row["sweep"] == {"0.0125": 1.4, "0.005": 1.3}
+  assert row["sweep"] == {"0.0125": 1.4, "0.005": 1.3, "0.002": 1.35}
   assert row["skipped"] == ["0.03"]
   assert row["complete"] and row["best_lr"] == "0.005"
   assert 0.03 not in {lr for _, lr, _, _ in runs.asked}
