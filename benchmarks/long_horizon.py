@@ -182,26 +182,42 @@ def paired_claims(horizons: dict) -> list[dict]:
 
 
 def rank_batch(runs: Runs, study, steps: int, rates: dict) -> list[dict]:
-  """Claim (d) at ``steps``: both variants of :data:`variants.RANK_BATCH` at every rank x
-  batch, each at its own rate, paired by seed."""
+  """Claim (d) at ``steps``, read as the quality study reads it: both variants of
+  :data:`variants.RANK_BATCH` at every rank x batch, each at every rate of ``rates`` (the
+  variants' best at ``steps``, found at the study's rank and batch) with every seed; in
+  each cell, each variant at its rate of lower mean, paired by seed with the other. One
+  rate per variant would not do: a rate tuned at batch 8 can be too high at batch 2."""
+  grid = sorted(set(rates.values()))
   rows = []
   for r in study.ranks:
     for b in study.batch_sizes:
-      losses = {
-        name: [final(runs.get(spec(study, steps, name, rates[name], s, r, b))) for s in study.seeds]
+      by_rate = {
+        name: {
+          lr: [final(runs.get(spec(study, steps, name, lr, s, r, b))) for s in study.seeds]
+          for lr in grid
+        }
         for name in variants.RANK_BATCH
       }
-      lordo, local = (losses[name] for name in variants.RANK_BATCH)
-      if any(x is None for x in lordo + local):
+      if any(None in xs for by_lr in by_rate.values() for xs in by_lr.values()):
         rows.append({"rank": r, "batch_size": b, "complete": False})
         continue
+      best = {
+        name: min(by_lr, key=lambda lr, by_lr=by_lr: statistics.fmean(by_lr[lr]))
+        for name, by_lr in by_rate.items()
+      }
+      lordo, local = (by_rate[name][best[name]] for name in variants.RANK_BATCH)
       advantage = [a - b for a, b in zip(local, lordo, strict=True)]
       rows.append(
         {
           "rank": r,
           "batch_size": b,
           "complete": True,
-          "losses": losses,
+          "learning_rate": best,
+          "mean_by_learning_rate": {
+            name: {f"{lr:g}": statistics.fmean(xs) for lr, xs in by_lr.items()}
+            for name, by_lr in by_rate.items()
+          },
+          "losses": {name: by_rate[name][best[name]] for name in variants.RANK_BATCH},
           "advantage": advantage,
           "advantage_mean": statistics.fmean(advantage),
         }
@@ -247,7 +263,8 @@ def run_study(runs: Runs, study, horizons: tuple[int, ...], groups, short: dict)
 
   Within a group: every seed of every method at its quality-study rate first, seed by
   seed, at every horizon; then each method's sweep (:func:`method_at`), horizon by
-  horizon. Claim (d) runs each variant at its best rate of the longest horizon."""
+  horizon. Claim (d) runs each variant at both variants' best rates of the longest
+  horizon (:func:`rank_batch`)."""
   grid = GRID if study is quality.FULL else study.learning_rates
   tuned = short["best_lr"]
   longest = max(horizons)
@@ -373,11 +390,14 @@ def markdown(result: dict, short: dict, study) -> list[str]:
       "",
     ]
     lines += studies.table(
-      ["rank", "batch per worker", "advantage per seed", "mean"],
+      ["rank", "batch per worker", "rates (LoRDO, local)", "advantage per seed", "mean"],
       [
         [
           r["rank"],
           r["batch_size"],
+          ", ".join(f"{r['learning_rate'][n]:g}" for n in variants.RANK_BATCH)
+          if r["complete"]
+          else "-",
           ", ".join(f"{a:+.4f}" for a in r["advantage"]) if r["complete"] else "not yet run",
           f"{r['advantage_mean']:+.4f}" if r["complete"] else "-",
         ]

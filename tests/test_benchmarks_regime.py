@@ -172,8 +172,33 @@ def test_claim_d_runs_once_its_variants_have_their_rates_before_the_later_groups
   cells = {(r, b) for r in STUDY.ranks for b in STUDY.batch_sizes} - {main}
   claim_d = set(zip(runs.asked[first : last + 1], runs.shapes[first : last + 1], strict=True))
   assert {shape for _, shape in claim_d} == cells
-  assert {(name, lr) for (name, lr, *_), _ in claim_d} == set(result["rank_batch_rates"].items())
+  both = {(name, lr) for name in variants.RANK_BATCH for lr in (0.005, 0.0125)}
+  assert {(name, lr) for (name, lr, *_), _ in claim_d} == both
   assert all(row["complete"] for row in result["rank_batch"])
+
+
+def test_claim_d_takes_each_variant_at_its_better_rate_in_each_cell():
+  """Both variants run at both rates in every cell. At batch 2 the higher rate is too
+  hot for both, so each is read at 0.002 there, and LoRDO at its 0.0125 at batch 8."""
+
+  def loss(name, lr, seed, steps):
+    batch = runs.shapes[-1][1]
+    if batch == 2:
+      return (2.0 if lr == 0.0125 else 1.7) + 0.05 * (name == "lordo") + 0.01 * seed
+    return {("lordo", 0.0125): 1.3, ("lordo", 0.002): 1.5}.get((name, lr), 1.4) + 0.01 * seed
+
+  runs = FakeRuns(loss)
+  rates = {"lordo": 0.0125, "lordo_local_projection": 0.002}
+  rows = long_horizon.rank_batch(runs, STUDY, 2048, rates)
+  assert len(runs.asked) == len(rows) * 2 * 2 * len(STUDY.seeds)
+  by_batch = {b: [r for r in rows if r["batch_size"] == b] for b in STUDY.batch_sizes}
+  for row in by_batch[2]:
+    assert row["learning_rate"] == {"lordo": 0.002, "lordo_local_projection": 0.002}
+    assert row["advantage"] == pytest.approx([-0.05] * 3)
+  for row in by_batch[8]:
+    assert row["learning_rate"]["lordo"] == 0.0125
+    assert row["advantage_mean"] == pytest.approx(0.1)
+    assert row["mean_by_learning_rate"]["lordo"] == pytest.approx({"0.002": 1.51, "0.0125": 1.31})
 
 
 def test_the_gap_and_its_exponent():
