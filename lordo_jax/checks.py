@@ -1,7 +1,9 @@
 """Argument checks with messages that name the argument, its value and what is accepted.
 
 Values that are not Python numbers (for example the arrays ``optax.inject_hyperparams``
-passes in) are not checked: they are only known when the step runs.
+passes in) are not checked: they are only known when the step runs. Arguments that
+fix the program (ranks, periods, counts) must be Python values: :func:`static_args`
+names every one that arrived as an array, in one error.
 """
 
 import numbers
@@ -11,19 +13,36 @@ def _is_number(value) -> bool:
   return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
+def _is_array(value) -> bool:
+  return hasattr(value, "shape") and hasattr(value, "dtype")
+
+
+def static_args(who: str, **values) -> None:
+  """Every one of ``values`` is a Python value, not an array: one error names the others.
+
+  ``optax.inject_hyperparams`` turns every numeric argument it is given, and every
+  callable (as a schedule), into an array; the integers that fix the program's shapes
+  and its rounds must be listed in its ``static_args``.
+  """
+  arrays = [name for name, value in values.items() if _is_array(value)]
+  if arrays:
+    listed = ", ".join(f"{name}={values[name]!r}" for name in arrays)
+    are, they = ("is an array", "it fixes") if len(arrays) == 1 else ("are arrays", "they fix")
+    raise ValueError(
+      f"{who}: {listed} {are}; {they} the shape of the program or when it "
+      "communicates, so must be a Python value. Inside optax.inject_hyperparams, "
+      f"pass static_args={tuple(arrays)!r}."
+    )
+
+
 def positive_int(who: str, name: str, value, *, optional: bool = False, minimum: int = 1) -> None:
   """``value`` is an int >= ``minimum`` (or None when ``optional``)."""
   if value is None and optional:
     return
   if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
     accepted = f"an int >= {minimum}" + (" or None" if optional else "")
-    hint = ""
-    if hasattr(value, "shape") and hasattr(value, "dtype"):
-      hint = (
-        f" {name} fixes the shape of the program, so it cannot be an array; inside "
-        f"optax.inject_hyperparams, list {name!r} in static_args."
-      )
-    raise ValueError(f"{who}: {name}={value!r} is not accepted; expected {accepted}.{hint}")
+    static_args(who, **{name: value})
+    raise ValueError(f"{who}: {name}={value!r} is not accepted; expected {accepted}.")
 
 
 def in_interval(who: str, name: str, value, low: float, high: float, *, closed_high: bool):

@@ -65,6 +65,7 @@ import optax
 from lordo_jax import bases as bases_lib
 from lordo_jax import checks
 from lordo_jax import routing
+from lordo_jax import state_structure
 from lordo_jax.bases import layout
 from lordo_jax.quasi_hyperbolic import qh_momentum
 from lordo_jax.quasi_hyperbolic import quasi_hyperbolic_mix
@@ -464,10 +465,10 @@ def scale_by_low_rank_adam(
   transport: str = "rotate",
   error_feedback: bool = False,
   error_feedback_dtype: Any = jnp.float32,
-  subspace_iterations: int = 2,
+  subspace_iterations: int | None = None,
   refresh_every: int | None = None,
   init_projection: str = "gradient",
-  seed: int = 0,
+  seed: int | None = None,
   matrix_axes: Any = None,
   two_sided: bool = False,
   oversample: int | None = None,
@@ -503,14 +504,16 @@ def scale_by_low_rank_adam(
     error_feedback: keep the residual ``E = A - Q Q^T A`` (two-sided:
       ``A - U C V^T``) and feed it back.
     error_feedback_dtype: dtype of E (float32, or bfloat16 for half the memory).
-    subspace_iterations: steps of warm-started subspace iteration per refresh.
+    subspace_iterations: steps of warm-started subspace iteration per refresh
+      (``None``: 2).
     refresh_every: if set, refresh the basis from the incoming gradient at steps
       1, T + 1, 2T + 1, ...; if ``None`` only :attr:`LowRankAdam.refresh` does.
     init_projection: the first basis: ``"gradient"`` (from the gradient of step 1),
       ``"random"`` (orthonormal, from ``seed``; no data needed) or ``"external"``
       (set by the caller's ``refresh(..., first=True)`` before step 1, as
       :func:`lordo_jax.synchronize` does).
-    seed: PRNG seed of ``init_projection="random"``; the same on every worker.
+    seed: PRNG seed of ``init_projection="random"``; the same on every worker
+      (``None``: 0).
     matrix_axes: ``None`` (every leaf is a 2-D matrix), or ``low_rank_labels`` as
       :mod:`lordo_jax.routing` describes them.
     two_sided: project on both sides (TSR-Adam): ``r x r`` moments and messages.
@@ -539,6 +542,17 @@ def scale_by_low_rank_adam(
     al., TSR-Adam, 2026 (arXiv 2602.08007).
   """
   who = "scale_by_low_rank_adam"
+  checks.static_args(
+    who,
+    rank=rank,
+    subspace_iterations=subspace_iterations,
+    refresh_every=refresh_every,
+    seed=seed,
+    oversample=oversample,
+    power_iterations=power_iterations,
+  )
+  subspace_iterations = 2 if subspace_iterations is None else subspace_iterations
+  seed = 0 if seed is None else seed
   check_projection(who, projection, two_sided=two_sided, side=side, full_rank_scale=full_rank_scale)
   check_step(
     who,
@@ -575,9 +589,10 @@ def scale_by_low_rank_adam(
     matrix_axes=matrix_axes,
     method=bases_lib.method(projection, two_sided=two_sided, options=options),
   )
+  init = functools.partial(_init, c)
   return LowRankAdam(
-    init=functools.partial(_init, c),
-    update=functools.partial(_update, c),
+    init=init,
+    update=state_structure.conformed(init, functools.partial(_update, c), who),
     refresh=functools.partial(_refresh, c),
     refresh_due=functools.partial(_refresh_due, c),
     project=functools.partial(_project, c),

@@ -33,6 +33,7 @@ import optax
 
 from lordo_jax import collectives
 from lordo_jax import low_rank as low_rank_lib
+from lordo_jax import state_structure
 
 
 class ProjectedMeanState(NamedTuple):
@@ -91,4 +92,5 @@ def projected_mean(
     directions, inner = low_rank.step(updates, inner, projected._replace(coordinates=coordinates))
     return directions, ProjectedMeanState(inner=inner, ledger=ledger)
 
-  return optax.GradientTransformation(init_fn, update_fn)
+  who = "low_rank_ddp(communicate='projected')"
+  return optax.GradientTransformation(init_fn, state_structure.conformed(init_fn, update_fn, who))

@@ -80,6 +80,7 @@ from lordo_jax import offload as offload_lib
 from lordo_jax import outer_step as outer_lib
 from lordo_jax import round_schedule
 from lordo_jax import schedules
+from lordo_jax import state_structure
 from lordo_jax.faults import FaultCounts
 
 PROJECTION_SOURCES = tuple(basis_refresh.SOURCES)
@@ -231,6 +232,13 @@ def synchronize(
     (arXiv 2505.22549); Jovanović et al., LoRDO, 2026 (arXiv 2602.04396); Douillard
     et al., Streaming DiLoCo, 2025 (arXiv 2501.18512).
   """
+  checks.static_args(
+    name,
+    sync_every=sync_every,
+    fragments=fragments,
+    first_moment_every=first_moment_every,
+    second_moment_every=second_moment_every,
+  )
   fragments = 1 if fragments is None else fragments
   _check_options(name, sync_every, fragments, compression, fault_tolerant)
   checks.one_of(name, "projection_source", projection_source, PROJECTION_SOURCES)
@@ -285,7 +293,10 @@ def synchronize(
     next_sync = round_schedule.next_sync(sync_every, count, state.next_sync, predicates[-1])
     return updates, new_state._replace(next_sync=next_sync)
 
-  return optax.GradientTransformationExtraArgs(functools.partial(_init, parts), update_fn)
+  init_fn = functools.partial(_init, parts)
+  return optax.GradientTransformationExtraArgs(
+    init_fn, state_structure.conformed(init_fn, update_fn, name)
+  )
 
 
 def _end_rounds(offload, sync, rounds, state, params):

@@ -29,6 +29,7 @@ from lordo_jax.methods import local_step
 from lordo_jax.methods import options
 
 COMMUNICATE = ("full", "projected")
+DEFAULT_REFRESH_EVERY = 200  # GaLore's update_proj_gap.
 
 
 class AverageGradientsState(NamedTuple):
@@ -186,7 +187,7 @@ def low_rank_ddp(
   learning_rate: optax.ScalarOrSchedule,
   *,
   rank: int,
-  refresh_every: int = 200,
+  refresh_every: int | None = None,
   axis_name: str | None = None,
   communicate: str = "full",
   omega: float = 1.0,
@@ -206,7 +207,7 @@ def low_rank_ddp(
   low_rank_term: str = "adam",
   full_rank_nu: float = 1.0,
   low_rank_labels: Any = None,
-  subspace_iterations: int = 2,
+  subspace_iterations: int | None = None,
   compression: str | None = None,
   two_sided: bool = False,
   oversample: int | None = None,
@@ -249,7 +250,8 @@ def low_rank_ddp(
   Args:
     learning_rate: a float or an optax schedule.
     rank: r, the dimension of each matrix's subspace.
-    refresh_every: T, steps between basis refreshes (GaLore's ``update_proj_gap``).
+    refresh_every: T, steps between basis refreshes (GaLore's ``update_proj_gap``;
+      ``None``: 200).
     axis_name: the worker axis; ``None`` for one worker.
     communicate: ``"full"`` or ``"projected"``.
     omega: weight of the low-rank term of the quasi-hyperbolic mix (1: none of the
@@ -275,7 +277,8 @@ def low_rank_ddp(
     full_rank_nu: QHAdam on the leaves off the low-rank path,
       ``((1 - nu) g + nu m_hat) / (sqrt(v_hat) + eps)``; 1 is Adam.
     low_rank_labels: which leaves are low-rank (see :mod:`lordo_jax.routing`).
-    subspace_iterations: iterations per refresh with ``"subspace_iteration"``.
+    subspace_iterations: iterations per refresh with ``"subspace_iteration"``
+      (``None``: 2).
     compression: ``None``, ``"bfloat16"`` or ``"int8"``: with ``communicate="full"``
       the gradient is sent compressed, with error feedback
       (:func:`average_gradients`).
@@ -302,6 +305,8 @@ def low_rank_ddp(
     al., `TSR-Adam <https://arxiv.org/abs/2602.08007>`_, 2026 (two-sided).
   """
   who = "low_rank_ddp"
+  options.check_static(who, locals())
+  refresh_every = DEFAULT_REFRESH_EVERY if refresh_every is None else refresh_every
   checks.positive_int(who, "refresh_every", refresh_every)
   checks.one_of(who, "communicate", communicate, COMMUNICATE)
   projected = communicate == "projected"

@@ -94,7 +94,7 @@ def low_rank_adamw(
   weight_decay: float,
   low_rank_labels: Any,
   init_projection: str,
-  seed: int = 0,
+  seed: int | None = None,
   refresh_every: int | None = None,
   matrices_path: Callable = lambda low_rank: low_rank,
 ) -> tuple[low_rank_lib.LowRankAdam, optax.GradientTransformation]:

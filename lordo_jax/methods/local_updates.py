@@ -76,6 +76,7 @@ def local_adam(
     <https://arxiv.org/abs/2505.22549>`_, 2025 (Local Adam averages both moments).
   """
   who = "local_adam"
+  options.check_static(who, locals())
   options.check_adam(who, b1, b2, eps, weight_decay)
   return sync.synchronize(
     local_step.adamw(learning_rate, b1, b2, eps, weight_decay),
@@ -156,6 +157,7 @@ def desloc(
     Training Foundation Models <https://arxiv.org/abs/2505.22549>`_, 2025.
   """
   who = "desloc"
+  options.check_static(who, locals())
   checks.positive_int(who, "sync_every", sync_every)
   options.check_adam(who, b1, b2, eps, weight_decay)
   if first_moment_every is None:
@@ -237,6 +239,7 @@ def diloco(
     Models <https://arxiv.org/abs/2311.08105>`_, 2023.
   """
   who = "diloco"
+  options.check_static(who, locals())
   checks.positive(who, "outer_learning_rate", outer_learning_rate)
   checks.in_interval(who, "outer_momentum", outer_momentum, 0.0, 1.0, closed_high=False)
   checks.one_of(who, "nesterov", nesterov, (True, False))

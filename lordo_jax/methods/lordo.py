@@ -44,15 +44,15 @@ def lordo(
   error_feedback_dtype: Any = "float32",
   init_projection: str = "gradient",
   outer_optimizer: optax.GradientTransformation | None = None,
-  sync_moments_every: int = 1,
+  sync_moments_every: int | None = None,
   full_rank_scale: str = "scalar",
   full_rank_numerator: str = "gradient",
   qh_nu: float = 1.0,
   low_rank_term: str = "adam",
   full_rank_nu: float = 1.0,
   low_rank_labels: Any = None,
-  subspace_iterations: int = 2,
-  seed: int = 0,
+  subspace_iterations: int | None = None,
+  seed: int | None = None,
   fault_tolerant: bool = False,
   offload: bool = False,
   compression: str | None = None,
@@ -105,7 +105,7 @@ def lordo(
       message) or ``"random"`` (from ``seed``, no message).
     outer_optimizer: applied to the averaged pseudo-gradient; ``None`` is plain
       averaging.
-    sync_moments_every: average the moments every this many syncs.
+    sync_moments_every: average the moments every this many syncs (``None``: 1).
     full_rank_scale: ``"scalar"`` or ``"vector"``.
     full_rank_numerator: ``"gradient"`` (G) or ``"error_fed"`` (G + E, the LoRDO
       authors' full-rank term; needs ``error_feedback=True``).
@@ -117,8 +117,9 @@ def lordo(
       ``((1 - nu) g + nu m_hat) / (sqrt(v_hat) + eps)``; 1 is Adam.
     low_rank_labels: which leaves are low-rank (see :mod:`lordo_jax.routing`);
       ``None``: every 2-D leaf with ``min(p, q) > rank``.
-    subspace_iterations: iterations per refresh with ``"subspace_iteration"``.
-    seed: PRNG seed of ``init_projection="random"``.
+    subspace_iterations: iterations per refresh with ``"subspace_iteration"``
+      (``None``: 2).
+    seed: PRNG seed of ``init_projection="random"`` (``None``: 0).
     fault_tolerant: skip non-finite local steps and average only over the workers
       present at a sync (``update(..., worker_present=False)`` marks one absent);
       see :func:`lordo_jax.synchronize`.
@@ -154,7 +155,9 @@ def lordo(
     Communication <https://arxiv.org/abs/2602.04396>`_, ICML 2026.
   """
   who = "lordo"
+  options.check_static(who, locals())
   step = options.low_rank_step(who, locals())
+  sync_moments_every = 1 if sync_moments_every is None else sync_moments_every
   checks.positive_int(who, "sync_moments_every", sync_moments_every)
   checks.one_of(who, "init_projection", init_projection, options.INIT_PROJECTIONS)
   low_rank, local = local_step.low_rank_adamw(
@@ -202,7 +205,7 @@ def lordo_local_projection(
   outer_optimizer: optax.GradientTransformation | None = None,
   full_rank_scale: str = "scalar",
   low_rank_labels: Any = None,
-  subspace_iterations: int = 2,
+  subspace_iterations: int | None = None,
   compression: str | None = None,
   fragments: Any = None,
   fault_tolerant: bool = False,
@@ -250,6 +253,7 @@ def lordo_local_projection(
     projection ablation).
   """
   who = "lordo_local_projection"
+  options.check_static(who, locals())
   step = options.low_rank_step(who, locals())
   low_rank, local = local_step.low_rank_adamw(
     step,

@@ -20,7 +20,28 @@ from lordo_jax import low_rank
 from lordo_jax import quasi_hyperbolic
 
 INIT_PROJECTIONS = ("gradient", "random")
+# The integer options that fix the program's shapes or its rounds: Python values only,
+# never injected by optax.inject_hyperparams (their defaults are None for that reason).
+STATIC_OPTIONS = (
+  "rank",
+  "sync_every",
+  "refresh_every",
+  "sync_moments_every",
+  "first_moment_every",
+  "second_moment_every",
+  "subspace_iterations",
+  "oversample",
+  "power_iterations",
+  "fragments",
+  "seed",
+)
 ERROR_FEEDBACK_DTYPES = ("float32", "bfloat16")
+
+
+def check_static(who: str, arguments: dict[str, Any]) -> None:
+  """The :data:`STATIC_OPTIONS` among ``arguments`` (``locals()`` on entry) are not
+  arrays; one error names every one that is (:func:`lordo_jax.checks.static_args`)."""
+  checks.static_args(who, **{k: v for k, v in arguments.items() if k in STATIC_OPTIONS})
 
 
 def check_adam(who: str, b1, b2, eps, weight_decay) -> None:
@@ -51,7 +72,7 @@ class LowRankStep(NamedTuple):
   transport: str  # The moments at a refresh: "rotate", "keep" or "reset".
   error_feedback: bool  # Keep and feed back the projection residual.
   error_feedback_dtype: Any  # "float32" or "bfloat16" (a name once checked).
-  subspace_iterations: int  # Iterations per refresh with "subspace_iteration".
+  subspace_iterations: int | None  # Iterations per refresh with "subspace_iteration".
   two_sided: bool = False  # Project on both sides (TSR-Adam).
   oversample: int | None = None  # Extra sketch columns of "randomized_svd".
   power_iterations: int | None = None  # Power iterations of "randomized_svd".
@@ -77,7 +98,7 @@ def low_rank_step(who: str, arguments: dict[str, Any]) -> LowRankStep:
   """
   step = LowRankStep(**{name: arguments[name] for name in LowRankStep._fields if name in arguments})
   checks.positive_int(who, "rank", step.rank)
-  checks.positive_int(who, "subspace_iterations", step.subspace_iterations)
+  checks.positive_int(who, "subspace_iterations", step.subspace_iterations, optional=True)
   checks.in_interval(who, "omega", step.omega, 0.0, 1.0, closed_high=True)
   checks.positive(who, "mu", step.mu)
   checks.in_interval(who, "full_rank_nu", step.full_rank_nu, 0.0, 1.0, closed_high=True)

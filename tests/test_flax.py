@@ -1,0 +1,211 @@
+"""Every method where a Flax user puts it: ``nnx.Optimizer`` and Linen's ``TrainState``.
+
+``nnx.Optimizer`` stores the optimizer state as ``nnx.State``, which turns every
+NamedTuple in a parameter's slot (low-rank moments, bases) into a dict after the
+first update. Each run here is compared with the same optimizer in a plain optax loop
+on a dict of arrays: bit for bit under ``jit``, to float32 rounding in eager mode.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import linen
+from flax import nnx
+from flax.training import train_state
+from jax.sharding import PartitionSpec as P
+
+import lordo_jax
+
+STEPS = 5  # Two rounds of sync_every=2 and a step past the last sync.
+INPUTS = jax.random.normal(jax.random.key(1), (8, 16))
+TARGETS = jax.random.normal(jax.random.key(2), (8, 4))
+
+METHODS = {
+  "lordo": lambda: lordo_jax.lordo(1e-2, rank=2, sync_every=2),
+  "lordo_dct": lambda: lordo_jax.lordo(1e-2, rank=2, sync_every=2, projection="dct"),
+  "lordo_two_sided": lambda: lordo_jax.lordo(1e-2, rank=2, sync_every=2, two_sided=True),
+  "lordo_local_projection": lambda: lordo_jax.lordo_local_projection(1e-2, rank=2, sync_every=2),
+  "lordo_global_projection_only": lambda: lordo_jax.lordo_global_projection_only(
+    1e-2, rank=2, sync_every=2
+  ),
+  "low_rank_ddp": lambda: lordo_jax.low_rank_ddp(1e-2, rank=2, refresh_every=2),
+  "low_rank_ddp_projected": lambda: lordo_jax.low_rank_ddp(
+    1e-2, rank=2, refresh_every=2, communicate="projected"
+  ),
+  "ddp": lambda: lordo_jax.ddp(1e-2),
+  "diloco": lambda: lordo_jax.diloco(1e-2, sync_every=2),
+  "local_adam": lambda: lordo_jax.local_adam(1e-2, sync_every=2),
+  "desloc": lambda: lordo_jax.desloc(1e-2, sync_every=2),
+}
+
+
+class MLP(nnx.Module):
+  def __init__(self, rngs: nnx.Rngs):
+    self.up = nnx.Linear(16, 32, rngs=rngs)
+    self.down = nnx.Linear(32, 4, rngs=rngs)
+
+  def __call__(self, x):
+    return self.down(jax.nn.relu(self.up(x)))
+
+
+def nnx_loss(model, x=INPUTS, y=TARGETS):
+  return jnp.mean((model(x) - y) ** 2)
+
+
+def plain_params_after(tx, steps=STEPS):
+  """The reference: ``tx`` in a jitted optax loop on the model's parameters as a dict."""
+  graphdef, params = nnx.split(MLP(nnx.Rngs(0)), nnx.Param)
+
+  def loss(p):
+    return nnx_loss(nnx.merge(graphdef, p))
+
+  @jax.jit
+  def step(p, state):
+    updates, state = tx.update(jax.grad(loss)(p), state, p)
+    return optax.apply_updates(p, updates), state
+
+  p = nnx.to_pure_dict(params)
+  state = tx.init(p)
+  for _ in range(steps):
+    p, state = step(p, state)
+  return p
+
+
+def params_of(model):
+  return nnx.to_pure_dict(nnx.state(model, nnx.Param))
+
+
+def assert_trees_equal(a, b, atol=0.0):
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=0, atol=atol)
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_nnx_optimizer_under_nnx_jit_equals_the_optax_loop(method):
+  model = MLP(nnx.Rngs(0))
+  optimizer = nnx.Optimizer(model, METHODS[method](), wrt=nnx.Param)
+
+  @nnx.jit
+  def step(model, optimizer):
+    optimizer.update(model, nnx.grad(nnx_loss)(model))
+
+  for _ in range(STEPS):
+    step(model, optimizer)
+  assert_trees_equal(params_of(model), plain_params_after(METHODS[method]()))
+  assert int(optimizer.step[...]) == STEPS
+
+
+@pytest.mark.parametrize("method", ["lordo", "low_rank_ddp_projected"])
+def test_nnx_optimizer_eager_equals_the_optax_loop(method):
+  model = MLP(nnx.Rngs(0))
+  optimizer = nnx.Optimizer(model, METHODS[method](), wrt=nnx.Param)
+  for _ in range(STEPS):
+    optimizer.update(model, nnx.grad(nnx_loss)(model))
+  # Op by op against one fused program: equal to float32 rounding, not bit for bit.
+  assert_trees_equal(params_of(model), plain_params_after(METHODS[method]()), atol=1e-5)
+
+
+def test_nnx_optimizer_split_merge_under_jax_jit_equals_the_optax_loop():
+  model = MLP(nnx.Rngs(0))
+  graphdef, state = nnx.split((model, nnx.Optimizer(model, METHODS["lordo"](), wrt=nnx.Param)))
+
+  @jax.jit
+  def step(state):
+    model, optimizer = nnx.merge(graphdef, state)
+    optimizer.update(model, nnx.grad(nnx_loss)(model))
+    return nnx.state((model, optimizer))
+
+  for _ in range(STEPS):
+    state = step(state)
+  model, _ = nnx.merge(graphdef, state)
+  assert_trees_equal(params_of(model), plain_params_after(METHODS["lordo"]()))
+  # nnx.Optimizer writes the state back as nnx.State: the second step's input differs
+  # from the first's in structure (one more compilation), and none differs after it.
+  assert step._cache_size() == 2
+
+
+def test_nnx_optimizer_one_copy_per_worker_under_shard_map_equals_the_optax_workers():
+  """The README's NNX pattern: model and optimizer split, stacked, stepped per worker."""
+  workers = 4
+  mesh = jax.make_mesh((workers,), ("workers",))
+  split = jax.NamedSharding(mesh, P("workers"))
+  make = lambda: lordo_jax.lordo(1e-2, rank=2, sync_every=2, axis_name="workers")  # noqa: E731
+  model = MLP(nnx.Rngs(0))
+  graphdef, state = nnx.split((model, nnx.Optimizer(model, make(), wrt=nnx.Param)))
+  per_worker = lambda tree: jax.device_put(  # noqa: E731
+    jax.tree.map(lambda a: jnp.stack([a] * workers), tree), split
+  )
+  inputs = [jax.random.normal(jax.random.key(10 + t), (workers, 8, 16)) for t in range(STEPS)]
+
+  def nnx_worker(state, x):
+    state, x = jax.tree.map(lambda a: a[0], (state, x))
+    model, optimizer = nnx.merge(graphdef, state)
+    optimizer.update(model, nnx.grad(nnx_loss)(model, x))
+    return jax.tree.map(lambda a: a[None], nnx.state((model, optimizer)))
+
+  tx = make()
+  model_graph, params = nnx.split(MLP(nnx.Rngs(0)), nnx.Param)
+  params = nnx.to_pure_dict(params)
+
+  def optax_worker(p, opt_state, x):
+    p, opt_state, x = jax.tree.map(lambda a: a[0], (p, opt_state, x))
+    grads = jax.grad(lambda q: nnx_loss(nnx.merge(model_graph, q), x))(p)
+    updates, opt_state = tx.update(grads, opt_state, p)
+    return jax.tree.map(lambda a: a[None], (optax.apply_updates(p, updates), opt_state))
+
+  shard_map = lambda f: jax.jit(  # noqa: E731
+    jax.shard_map(f, mesh=mesh, in_specs=P("workers"), out_specs=P("workers"))
+  )
+  nnx_step, optax_step = shard_map(nnx_worker), shard_map(optax_worker)
+  state, p, opt_state = per_worker(state), per_worker(params), per_worker(tx.init(params))
+  for x in inputs:
+    state = jax.block_until_ready(nnx_step(state, jax.device_put(x, split)))
+    p, opt_state = jax.block_until_ready(optax_step(p, opt_state, jax.device_put(x, split)))
+  model, optimizer = nnx.merge(graphdef, state)
+  assert_trees_equal(params_of(model), p)
+  sent = lordo_jax.communicated_bytes(nnx.as_pure(optimizer.opt_state))
+  assert sent == lordo_jax.communicated_bytes(opt_state) > 0
+
+
+class LinenMLP(linen.Module):
+  @linen.compact
+  def __call__(self, x):
+    return linen.Dense(4)(jax.nn.relu(linen.Dense(32)(x)))
+
+
+@pytest.mark.parametrize("method", ["lordo", "low_rank_ddp_projected", "diloco"])
+def test_linen_train_state_apply_gradients_equals_the_optax_loop(method):
+  module = LinenMLP()
+  variables = module.init(jax.random.key(0), INPUTS)
+  loss = lambda p: jnp.mean((module.apply(p, INPUTS) - TARGETS) ** 2)  # noqa: E731
+  state = train_state.TrainState.create(
+    apply_fn=module.apply, params=variables, tx=METHODS[method]()
+  )
+
+  @jax.jit
+  def step(state):
+    return state.apply_gradients(grads=jax.grad(loss)(state.params))
+
+  tx = METHODS[method]()
+
+  @jax.jit
+  def optax_step(p, opt_state):
+    updates, opt_state = tx.update(jax.grad(loss)(p), opt_state, p)
+    return optax.apply_updates(p, updates), opt_state
+
+  p, opt_state = variables, tx.init(variables)
+  for _ in range(STEPS):
+    state = step(state)
+    p, opt_state = optax_step(p, opt_state)
+  assert_trees_equal(state.params, p)
+  assert int(state.step) == STEPS
+
+
+def test_a_state_of_another_structure_is_refused_with_a_clear_error():
+  tx = METHODS["lordo"]()
+  params = {"w": jnp.ones((16, 8)), "b": jnp.zeros(8)}
+  other = lordo_jax.lordo(1e-2, rank=2, sync_every=2).init({"w": jnp.ones((16, 8))})
+  with pytest.raises(ValueError, match="does not have the structure"):
+    tx.update(params, other, params)
