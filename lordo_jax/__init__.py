@@ -9,6 +9,8 @@ from lordo_jax.accounting import communicated_bytes
 from lordo_jax.accounting import communicated_elements
 from lordo_jax.accounting import projections
 from lordo_jax.accounting import state_bytes
+from lordo_jax.accounting import step_count
+from lordo_jax.agreement import worker_disagreement
 from lordo_jax.collectives import Ledger
 from lordo_jax.collectives import counted_pmean
 from lordo_jax.low_rank import LowRankAdam
@@ -72,8 +74,10 @@ __all__ = [
   "scale_by_low_rank_adam",
   "state_bytes",
   "state_sharding",
+  "step_count",
   "sync_steps",
   "synchronize",
   "TwoSidedBasis",
   "warm_start_state",
+  "worker_disagreement",
 ]

@@ -53,6 +53,29 @@ def all_reduce_count(state: Any) -> int:
   return sum(int(np.asarray(ledger.all_reduces).reshape(-1)[0]) for ledger in _ledgers(state))
 
 
+def step_count(state: Any) -> jax.Array:
+  """The number of updates a state has taken: the outermost ``count`` in it.
+
+  A method's state holds several counts (the round's, the low-rank Adam's, the other
+  leaves' Adam's), all equal, so ``optax.tree_utils.tree_get(state, "count")`` finds
+  more than one and raises; this reads the outermost, through any wrapper
+  (``optax.inject_hyperparams``, ``optax.chain``, a Flax state).
+
+  Examples:
+    >>> import jax.numpy as jnp, lordo_jax
+    >>> params = {"w": jnp.ones((8, 4))}
+    >>> tx = lordo_jax.lordo(1e-2, rank=2, sync_every=2)
+    >>> state = tx.init(params)
+    >>> _, state = tx.update(params, state, params)
+    >>> int(lordo_jax.step_count(state))
+    1
+  """
+  found = optax.tree_utils.tree_get_all_with_path(state, "count")
+  if not found:
+    raise ValueError("step_count: this state holds no 'count'.")
+  return min(found, key=lambda item: len(item[0]))[1]
+
+
 def projections(state: Any) -> Any:
   """The current float32 basis Q of every low-rank matrix, in a tree like params.
 

@@ -7,6 +7,11 @@ names every one that arrived as an array, in one error.
 """
 
 import numbers
+import os
+import sys
+import warnings
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _is_number(value) -> bool:
@@ -74,3 +79,11 @@ def one_of(who: str, name: str, value, accepted: tuple) -> None:
   if value not in accepted:
     choices = ", ".join(repr(a) for a in accepted)
     raise ValueError(f"{who}: {name}={value!r} is not accepted; expected one of {choices}.")
+
+
+def warn(message: str) -> None:
+  """A ``UserWarning`` attributed to the first caller outside this package."""
+  level, frame = 2, sys._getframe(1)
+  while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE):
+    level, frame = level + 1, frame.f_back
+  warnings.warn(message, UserWarning, stacklevel=level)

@@ -13,6 +13,7 @@ Counters are exact integers held as two int32 limbs (``low + high * 2**20``), so
 run can count up to :math:`2^{51}` elements without enabling 64-bit JAX.
 """
 
+import sys
 from typing import Any
 from typing import NamedTuple
 
@@ -72,10 +73,16 @@ def record(ledger: Ledger, tree: Any) -> Ledger:
 def check_axis_bound(axis_name: str | None, who: str) -> None:
   """Raises a clear error when ``axis_name`` is not bound by the caller.
 
-  Call it at trace time, in ``update``. ``axis_name=None`` is always accepted.
+  Call it at trace time, in ``update``. ``axis_name=None`` (one worker) is refused
+  inside a ``jax.shard_map`` or ``jax.pmap`` whose manual axes hold more than one
+  device: there each device is a worker that would never hear from the others. So is
+  an ``update`` that ``optax.apply_if_finite`` may skip on one worker and not on the
+  others: that worker would miss a collective the others wait in.
   """
   if axis_name is None:
+    _check_no_worker_axis(who)
     return
+  _check_not_skipped_per_worker(who)
   try:
     jax.lax.axis_index(axis_name)
   except NameError as error:
@@ -85,6 +92,59 @@ def check_axis_bound(axis_name: str | None, who: str) -> None:
       f"jax.pmap(..., axis_name={axis_name!r}); or pass axis_name=None for a "
       "single worker."
     ) from error
+
+
+def _check_no_worker_axis(who: str) -> None:
+  """``axis_name=None`` inside ``shard_map``/``pmap`` over an axis of several devices:
+  an error that names the axes (``vmap`` binds no manual axis and is accepted)."""
+  mesh = jax.sharding.get_abstract_mesh()
+  manual = [name for name in mesh.manual_axes if _axis_size(name) > 1]
+  if manual:
+    sizes = ", ".join(f"{name!r} ({_axis_size(name)} devices)" for name in manual)
+    raise ValueError(
+      f"{who}: axis_name=None, but update() runs inside jax.shard_map or jax.pmap over "
+      f"{sizes}: each device would train alone and never synchronise. Pass the worker "
+      f"axis: {_naming_hint(manual[0])}. axis_name=None is for one worker: "
+      "call update() outside shard_map/pmap, or leave the model axes out of "
+      "shard_map's axis_names."
+    )
+
+
+def _check_not_skipped_per_worker(who: str) -> None:
+  """An error when this ``update`` is traced inside ``optax.apply_if_finite``.
+
+  apply_if_finite skips the update on a worker whose gradient is not finite: that
+  worker stays out of the collective the others enter (XLA then aborts the process),
+  and its step count falls behind theirs, so later rounds no longer line up.
+  """
+  frame = sys._getframe(1)
+  while frame is not None:
+    code = frame.f_code
+    if code.co_qualname.startswith("apply_if_finite.") and "optax" in code.co_filename:
+      raise ValueError(
+        f"{who} runs inside optax.apply_if_finite with a worker axis: a worker whose "
+        "gradient is not finite would skip the update alone, miss the collectives the "
+        "others wait in, and fall out of step with their rounds. Drop apply_if_finite "
+        "and build the method with fault_tolerant=True (lordo, its ablations, "
+        "diloco, local_adam, desloc, synchronize), which skips non-finite local steps "
+        "and keeps every worker's rounds aligned; for a data-parallel method, check "
+        "after the average: optax.chain(lordo_jax.average_gradients(axis_name), "
+        "optax.apply_if_finite(optimizer, max_consecutive_errors))."
+      )
+    frame = frame.f_back
+
+
+def _naming_hint(name) -> str:
+  if isinstance(name, str) and not name.startswith("_internal"):
+    return f"axis_name={name!r}"
+  return "name it, jax.pmap(..., axis_name='workers'), and pass axis_name='workers'"
+
+
+def _axis_size(name) -> int:
+  try:
+    return jax.lax.axis_size(name)
+  except NameError:  # pmap's axis before it is named in the trace context
+    return 1
 
 
 def counted_pmean(tree: Any, ledger: Ledger, axis_name: str | None):

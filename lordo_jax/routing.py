@@ -135,12 +135,39 @@ def route(tree: Any, labels: Any, rank: int) -> Any:
   return jax.tree_util.tree_map_with_path(one, tree, user, is_leaf=is_masked)
 
 
-def partition_labels(labels: Any, rank: int) -> Callable[[Any], Any]:
-  """A label function for ``optax.partition``: LOW_RANK or FULL_RANK per leaf."""
+def partition_labels(labels: Any, rank: int, who: str) -> Callable[[Any], Any]:
+  """A label function for ``optax.partition``: LOW_RANK or FULL_RANK per leaf.
+
+  With the default routing (``labels`` None), a tree in which no leaf is low-rank is
+  an error: the method would quietly be its full-rank counterpart.
+  """
 
   def label_fn(tree):
-    return jax.tree.map(
+    routed = jax.tree.map(
       lambda a: FULL_RANK if a == FULL_RANK else LOW_RANK, route(tree, labels, rank)
     )
+    if labels is None and LOW_RANK not in jax.tree.leaves(routed):
+      _refuse_all_full_rank(tree, rank, who)
+    return routed
 
   return label_fn
+
+
+def _refuse_all_full_rank(tree: Any, rank: int, who: str) -> None:
+  matrices = [x.shape for x in jax.tree.leaves(tree) if getattr(x, "ndim", 0) == 2]
+  if not jax.tree.leaves(tree):
+    return
+  if not matrices:
+    found = "the parameters hold no 2-D leaf"
+  else:
+    largest = max(matrices, key=min)
+    found = (
+      f"every 2-D leaf has min(p, q) <= rank (the largest, {largest[0]} x {largest[1]}, "
+      f"has min {min(largest)})"
+    )
+  raise ValueError(
+    f"{who}: rank={rank} leaves no matrix low-rank: {found}, so every leaf would take "
+    "full-rank Adam and the method would be its full-rank counterpart (LoRDO would be "
+    "local AdamW). Lower the rank below the matrices' smaller side, label reshaped "
+    "leaves with low_rank_labels, or use lordo_jax.local_adam / lordo_jax.ddp."
+  )

@@ -30,6 +30,7 @@ import optax
 from lordo_jax import checks
 
 SyncPeriod = int | Callable
+LONGEST_FIRST_ROUND = 2**20  # Steps: a first round this long is taken for "never syncs".
 
 
 def round_length(sync_every: SyncPeriod, step) -> jnp.ndarray:
@@ -77,6 +78,16 @@ def quadratic_sync_rule(
   checks.positive("quadratic_sync_rule", "alpha", alpha)
   checks.positive_int("quadratic_sync_rule", "warmup_steps", warmup_steps, minimum=0)
   schedule = learning_rate if callable(learning_rate) else (lambda _: learning_rate)
+  if warmup_steps == 0 and callable(learning_rate):
+    first_rate = float(np.asarray(schedule(0)))
+    if first_rate < alpha / np.sqrt(base_period):
+      checks.warn(
+        f"quadratic_sync_rule: the learning rate at step 0 is {first_rate:g}, so the "
+        f"first round lasts (alpha / rate)^2 = {_first_round(alpha, first_rate)} steps "
+        f"instead of base_period={base_period}: no sync until then. If the schedule "
+        "warms up, pass warmup_steps=<its warmup length> (rounds that start during "
+        "the warmup last base_period)."
+      )
 
   def period(step):
     rate = jnp.asarray(schedule(step), jnp.float32)
@@ -86,6 +97,27 @@ def quadratic_sync_rule(
     return jnp.maximum(base_period, jnp.minimum(quadratic, 2.0**30)).astype(jnp.int32)
 
   return period
+
+
+def _first_round(alpha: float, rate: float) -> str:
+  if rate <= 0:
+    return "2**30 (the cap: a rate of 0 never syncs)"
+  return f"{min((alpha / rate) ** 2, 2.0**30):,.0f}"
+
+
+def warn_if_first_round_never_ends(sync_every: SyncPeriod, name: str) -> None:
+  """A warning when a period function's first round is :data:`LONGEST_FIRST_ROUND`
+  steps or more: a rule that (by a rate of 0 at step 0, say) never syncs."""
+  if not callable(sync_every):
+    return
+  first = int(np.asarray(round_length(sync_every, 0)))
+  if first >= LONGEST_FIRST_ROUND:
+    checks.warn(
+      f"{name}: sync_every gives a first round of {first:,} steps: the workers will "
+      "not synchronise before that step. Check the rule at step 0 (a learning rate "
+      "of 0 at the start of a warmup makes quadratic_sync_rule's rounds endless: "
+      "pass its warmup_steps)."
+    )
 
 
 def sync_steps(sync_every: SyncPeriod, steps: int) -> list[int]:

@@ -241,6 +241,7 @@ def synchronize(
   )
   fragments = 1 if fragments is None else fragments
   _check_options(name, sync_every, fragments, compression, fault_tolerant)
+  schedules.warn_if_first_round_never_ends(sync_every, name)
   checks.one_of(name, "projection_source", projection_source, PROJECTION_SOURCES)
   checks.one_of(name, "offload", offload, (False, True))
   averaging = averaging_lib.choose(
@@ -260,6 +261,8 @@ def synchronize(
 
   def update_fn(grads, state, params=None, *, worker_present=True, **extra_args):
     _check_update(name, params, axis_name, fault_tolerant, worker_present)
+    if parts.offload:  # A state placed in device memory (device_put of init) moves now.
+      state = _placed(state, offload_lib.to_host)
     count = optax.safe_int32_increment(state.count)
     present = jnp.asarray(worker_present, jnp.bool_)
     inner_state, ledger = parts.refresh.before_first_step(

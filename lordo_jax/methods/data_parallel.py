@@ -321,6 +321,7 @@ def low_rank_ddp(
   _, local = local_step.low_rank_adamw(
     step,
     learning_rate,
+    who=who,
     weight_decay=weight_decay,
     low_rank_labels=low_rank_labels,
     init_projection="gradient",
@@ -332,7 +333,7 @@ def low_rank_ddp(
 
   # Only the leaves off the low-rank path are averaged in full here; projected_mean
   # averages the coordinates (and, on refresh steps, the gradient or its sketches).
-  labels = routing.partition_labels(low_rank_labels, rank)
+  labels = routing.partition_labels(low_rank_labels, rank, who)
 
   def full_rank_mask(tree):
     return jax.tree.map(lambda label: label == routing.FULL_RANK, labels(tree))

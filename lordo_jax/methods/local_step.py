@@ -69,11 +69,13 @@ def local_adamw_path(
   rank: int,
   low_rank_labels: Any,
   full_rank_nu: float = 1.0,
+  who: str,
 ) -> optax.GradientTransformation:
   """The local step: low-rank Adam on matrices, Adam elsewhere, then AdamW's tail.
 
   Every moment is float32, whatever the parameter dtype. The other leaves take
-  :func:`full_rank_adam` (QHAdam with ``full_rank_nu`` < 1).
+  :func:`full_rank_adam` (QHAdam with ``full_rank_nu`` < 1). Params in which no
+  leaf is low-rank are refused at ``init``, in the name of the method ``who``.
 
   ``update = -lr * (direction + weight_decay * W)``, decoupled as in ``optax.adamw``.
   """
@@ -82,7 +84,7 @@ def local_adamw_path(
       routing.LOW_RANK: low_rank,
       routing.FULL_RANK: full_rank_adam(b1, b2, eps, full_rank_nu),
     },
-    routing.partition_labels(low_rank_labels, rank),
+    routing.partition_labels(low_rank_labels, rank, who),
   )
   return _decoupled(direction, learning_rate, weight_decay)
 
@@ -97,6 +99,7 @@ def low_rank_adamw(
   seed: int | None = None,
   refresh_every: int | None = None,
   matrices_path: Callable = lambda low_rank: low_rank,
+  who: str,
 ) -> tuple[low_rank_lib.LowRankAdam, optax.GradientTransformation]:
   """``(low_rank, local)``: the low-rank local step of :func:`lordo_jax.lordo`.
 
@@ -128,5 +131,6 @@ def low_rank_adamw(
     rank=step.rank,
     low_rank_labels=low_rank_labels,
     full_rank_nu=full_rank_nu,
+    who=who,
   )
   return low_rank, local

@@ -163,6 +163,7 @@ def lordo(
   low_rank, local = local_step.low_rank_adamw(
     step,
     learning_rate,
+    who=who,
     weight_decay=weight_decay,
     low_rank_labels=low_rank_labels,
     init_projection="random" if init_projection == "random" else "external",
@@ -258,6 +259,7 @@ def lordo_local_projection(
   low_rank, local = local_step.low_rank_adamw(
     step,
     learning_rate,
+    who=who,
     weight_decay=weight_decay,
     low_rank_labels=low_rank_labels,
     init_projection="external",
