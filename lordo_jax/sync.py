@@ -163,7 +163,10 @@ def synchronize(
 ) -> optax.GradientTransformationExtraArgs:
   r"""Local steps with ``inner``, a synchronisation at the end of every round.
 
-  See the module docstring for the round. The update needs ``params``.
+  See the module docstring for the round. The update needs ``params``. It must be the
+  last transformation that changes the update: at a sync the update lands every
+  worker on the synchronised parameters, and a transformation chained after it would
+  make the workers part (:func:`lordo_jax.worker_disagreement` shows it).
 
   With ``fault_tolerant=True`` a worker can drop out of a round without harming the
   others. A local step whose gradient is not finite is skipped (zero update, local

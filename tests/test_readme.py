@@ -15,14 +15,27 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
 
 
-def test_nnx_shard_map_example_runs_and_learns():
-  code = re.search(r"```python\n(.*?)```", README, re.S).group(1)
+def _run(code: str) -> str:
   result = subprocess.run(
     [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT
   )
   assert result.returncode == 0, result.stderr[-2000:]
-  losses = [float(x) for x in re.findall(r"loss ([0-9.]+)", result.stdout)]
-  sent = [int(x.replace(",", "")) for x in re.findall(r"sent ([0-9,]+) bytes", result.stdout)]
+  return result.stdout
+
+
+def test_the_first_example_is_nnx_optimizer_on_one_worker_and_learns():
+  code = re.findall(r"```python\n(.*?)```", README, re.S)[0]
+  assert "nnx.Optimizer(model, lordo_jax.lordo(" in code
+  losses = [float(x) for x in re.findall(r"step \d+: loss ([0-9.]+)", _run(code))]
+  assert len(losses) == 2 and losses[1] < 0.7 * losses[0]
+
+
+def test_nnx_shard_map_example_runs_and_learns():
+  code = re.findall(r"```python\n(.*?)```", README, re.S)[1]
+  assert "nnx.Optimizer(model, tx" in code
+  output = _run(code)
+  losses = [float(x) for x in re.findall(r"loss ([0-9.]+)", output)]
+  sent = [int(x.replace(",", "")) for x in re.findall(r"sent ([0-9,]+) bytes", output)]
   assert len(losses) == 5 and losses[-1] < 0.7 * losses[0]
   # 32x128 and 128x32 kernels: the first gradient (2 x 4096 floats) at step 0, then per
   # sync (every 16 steps) the pseudo-gradient of all 8352 params and the moments:
@@ -34,13 +47,10 @@ def test_nnx_shard_map_example_runs_and_learns():
 def test_sharded_models_example_runs_on_four_workers_times_two_way_fsdp():
   section = README.split("\n## Sharded models", 1)[1].split("\n## ", 1)[0]
   code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
-  result = subprocess.run(
-    [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT
-  )
-  assert result.returncode == 0, result.stderr[-2000:]
+  output = _run(code)
   pattern = r"sharded run: loss ([0-9.]+) -> ([0-9.]+), up sharded as (.*), sent ([0-9,]+) bytes"
-  line = re.search(pattern, result.stdout)
-  assert float(line.group(2)) < 0.8 * float(line.group(1)), result.stdout
+  line = re.search(pattern, output)
+  assert float(line.group(2)) < 0.8 * float(line.group(1)), output
   assert line.group(3) == "P('workers', 'fsdp', None)"
   # The first gradient, then 4 syncs of the pseudo-gradient and both moments (rank 4,
   # small side 32, two matrices): the same as unsharded.
@@ -51,15 +61,7 @@ def test_sharded_models_example_runs_on_four_workers_times_two_way_fsdp():
 def test_offload_example_continues_the_sharded_one():
   section = README.split("\n## Sharded models", 1)[1].split("\n## ", 1)[0]
   sharded, offload = re.findall(r"```python\n(.*?)```", section, re.S)[:2]
-  result = subprocess.run(
-    [sys.executable, "-c", sharded + offload],
-    capture_output=True,
-    text=True,
-    timeout=300,
-    cwd=ROOT,
-  )
-  assert result.returncode == 0, result.stderr[-2000:]
-  kind, sizes = result.stdout.strip().splitlines()[-2:]
+  kind, sizes = _run(sharded + offload).strip().splitlines()[-2:]
   assert kind == "pinned_host"
   sizes = eval(sizes)  # noqa: S307 - the dict state_bytes printed
   anchor = 4 * 2 * 32 * 64 * 4  # four workers' anchors of the two matrices, float32

@@ -75,7 +75,15 @@ def lordo(
     \text{update} = -\eta\, (\text{direction} + \lambda W)
 
   Leaves that are not low-rank matrices (biases, norms, small matrices, or those
-  ``low_rank_labels`` excludes) take local AdamW with the same synchronisation.
+  ``low_rank_labels`` excludes) take local AdamW with the same synchronisation; a
+  rank that leaves no matrix low-rank is refused at ``init``.
+
+  It must be the last transformation that changes the update: at a sync its update
+  lands every worker on the synchronised parameters, and a transformation chained
+  after it (``optax.scale``, a clip) would make the workers part. Chain such
+  transformations before it, and check with :func:`lordo_jax.worker_disagreement`.
+  With a worker axis, do not wrap it in ``optax.apply_if_finite`` (an error): use
+  ``fault_tolerant=True``.
 
   Communication per round of K steps and per ``p x q`` matrix: ``pq`` (the
   pseudo-gradient) plus ``2rq`` (the moments) elements, against ``K pq`` for DDP.
