@@ -79,8 +79,8 @@ def quadratic_sync_rule(
   checks.positive_int("quadratic_sync_rule", "warmup_steps", warmup_steps, minimum=0)
   schedule = learning_rate if callable(learning_rate) else (lambda _: learning_rate)
   if warmup_steps == 0 and callable(learning_rate):
-    first_rate = float(np.asarray(schedule(0)))
-    if first_rate < alpha / np.sqrt(base_period):
+    first_rate = _on_the_host(lambda: float(np.asarray(schedule(0))))
+    if first_rate is not None and first_rate < alpha / np.sqrt(base_period):
       checks.warn(
         f"quadratic_sync_rule: the learning rate at step 0 is {first_rate:g}, so the "
         f"first round lasts (alpha / rate)^2 = {_first_round(alpha, first_rate)} steps "
@@ -99,6 +99,16 @@ def quadratic_sync_rule(
   return period
 
 
+def _on_the_host(compute: Callable):
+  """``compute()`` evaluated now, even inside a trace (a method built inside
+  ``optax.inject_hyperparams``' update); ``None`` if it depends on traced values."""
+  try:
+    with jax.ensure_compile_time_eval():
+      return compute()
+  except (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError):
+    return None
+
+
 def _first_round(alpha: float, rate: float) -> str:
   if rate <= 0:
     return "2**30 (the cap: a rate of 0 never syncs)"
@@ -110,8 +120,8 @@ def warn_if_first_round_never_ends(sync_every: SyncPeriod, name: str) -> None:
   steps or more: a rule that (by a rate of 0 at step 0, say) never syncs."""
   if not callable(sync_every):
     return
-  first = int(np.asarray(round_length(sync_every, 0)))
-  if first >= LONGEST_FIRST_ROUND:
+  first = _on_the_host(lambda: int(np.asarray(round_length(sync_every, 0))))
+  if first is not None and first >= LONGEST_FIRST_ROUND:
     checks.warn(
       f"{name}: sync_every gives a first round of {first:,} steps: the workers will "
       "not synchronise before that step. Check the rule at step 0 (a learning rate "
