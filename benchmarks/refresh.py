@@ -4,7 +4,7 @@ r"""Which basis refresh to use: its time on GPT-2 small's matrices, and LoRDO's 
     python benchmarks/refresh.py --quick  # timing at r = 32, the LM's tiny preset, 1 seed
 
 Timing: one refresh (``compute(matrix, previous, key)`` of the projection's
-:class:`lordo_jax.bases.BasisStrategy`, jitted) of each GPT-2 small matrix shape
+:class:`lordo_jax.local.bases.BasisStrategy`, jitted) of each GPT-2 small matrix shape
 (768 x 2304, 768 x 768, 768 x 3072, 3072 x 768) at r = 192, on a matrix with a
 decaying spectrum (singular values :math:`1/\sqrt{i}`, like a pseudo-gradient's), for
 every projection: one-sided ``svd`` (the default), ``subspace_iteration`` (2
@@ -36,7 +36,7 @@ import quality_report  # noqa: E402
 import studies  # noqa: E402
 from variants import Variant  # noqa: E402
 
-from lordo_jax import bases  # noqa: E402
+from lordo_jax.local import bases  # noqa: E402
 
 SHAPES = ((768, 2304), (768, 768), (768, 3072), (3072, 768))
 PROJECTIONS = (  # (name, projection, two_sided)

@@ -1,22 +1,25 @@
 """lordo_jax: LoRDO, distributed low-rank optimization with infrequent communication.
 
-The public API. Every name here is documented with its math; see README.md for a
-table and SPEC.md for the mathematics.
+The public API, re-exported from the layers (docs/ARCHITECTURE.md): ``methods/`` (the
+optimizers), ``round/`` (the K-step round), ``comm/`` (every message, counted),
+``local/`` (the local step, which never communicates) and ``state/`` (reading,
+placing and warm-starting a state); ``checkpoint`` is a public module of its own.
 """
 
-from lordo_jax.accounting import all_reduce_count
-from lordo_jax.accounting import communicated_bytes
-from lordo_jax.accounting import communicated_elements
-from lordo_jax.accounting import projections
-from lordo_jax.accounting import state_bytes
-from lordo_jax.accounting import step_count
-from lordo_jax.agreement import worker_disagreement
-from lordo_jax.collectives import Ledger
-from lordo_jax.collectives import counted_pmean
-from lordo_jax.low_rank import LowRankAdam
-from lordo_jax.low_rank import LowRankAdamState
-from lordo_jax.low_rank import LowRankMoments
-from lordo_jax.low_rank import scale_by_low_rank_adam
+from lordo_jax.comm import Ledger
+from lordo_jax.comm import counted_pmean
+from lordo_jax.comm import worker_disagreement
+from lordo_jax.local import DCTBasis
+from lordo_jax.local import LowRankAdam
+from lordo_jax.local import LowRankAdamState
+from lordo_jax.local import LowRankMoments
+from lordo_jax.local import MatrixAxes
+from lordo_jax.local import TwoSidedBasis
+from lordo_jax.local import compute_projection
+from lordo_jax.local import in_float32
+from lordo_jax.local import principal_angles
+from lordo_jax.local import quasi_hyperbolic_mix
+from lordo_jax.local import scale_by_low_rank_adam
 from lordo_jax.methods.data_parallel import AverageGradientsState
 from lordo_jax.methods.data_parallel import average_gradients
 from lordo_jax.methods.data_parallel import ddp
@@ -27,19 +30,18 @@ from lordo_jax.methods.local_updates import local_adam
 from lordo_jax.methods.lordo import lordo
 from lordo_jax.methods.lordo import lordo_global_projection_only
 from lordo_jax.methods.lordo import lordo_local_projection
-from lordo_jax.placement import state_sharding
-from lordo_jax.precision import in_float32
-from lordo_jax.projection import DCTBasis
-from lordo_jax.projection import compute_projection
-from lordo_jax.projection import principal_angles
-from lordo_jax.quasi_hyperbolic import quasi_hyperbolic_mix
-from lordo_jax.routing import MatrixAxes
-from lordo_jax.schedules import quadratic_sync_rule
-from lordo_jax.schedules import sync_steps
-from lordo_jax.sync import SynchronizeState
-from lordo_jax.sync import synchronize
-from lordo_jax.two_sided import TwoSidedBasis
-from lordo_jax.warm_start import warm_start_state
+from lordo_jax.round import SynchronizeState
+from lordo_jax.round import quadratic_sync_rule
+from lordo_jax.round import sync_steps
+from lordo_jax.round import synchronize
+from lordo_jax.state import all_reduce_count
+from lordo_jax.state import communicated_bytes
+from lordo_jax.state import communicated_elements
+from lordo_jax.state import projections
+from lordo_jax.state import state_bytes
+from lordo_jax.state import state_sharding
+from lordo_jax.state import step_count
+from lordo_jax.state import warm_start_state
 
 __version__ = "0.1.0"
 

@@ -107,7 +107,7 @@ def test_a_structural_int_left_out_of_static_args_says_to_list_it():
   tx = optax.inject_hyperparams(lordo_jax.lordo, static_args=static)(
     learning_rate=1e-2, rank=2, sync_every=4, fragments=2
   )
-  with pytest.raises(ValueError, match=r"fragments=Array\(2.*list 'fragments' in static_args"):
+  with pytest.raises(ValueError, match=r"fragments=Array\(2.*static_args=\('fragments',\)"):
     tx.init(PARAMS)
 
 

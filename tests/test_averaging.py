@@ -1,4 +1,4 @@
-"""lordo_jax.averaging: the three means of a round, run on simulated workers.
+"""lordo_jax.round._averaging: the three means of a round, run on simulated workers.
 
 Each strategy's mean is compared with the NumPy mean over the workers (the present
 ones for ``of_present_workers``), and its ledger with the message sizes counted by
@@ -11,8 +11,8 @@ import numpy as np
 import optax
 import pytest
 
-from lordo_jax import averaging
-from lordo_jax import collectives
+from lordo_jax.comm import _collectives as collectives
+from lordo_jax.round import _averaging as averaging
 from tests import workers
 
 pytestmark = pytest.mark.timeout(180, method="thread")

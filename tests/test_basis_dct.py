@@ -1,4 +1,4 @@
-"""The DCT strategy (``lordo_jax/bases/dct.py``) against the DCT-II matrix built in NumPy.
+"""The DCT strategy (``lordo_jax/local/bases/dct.py``) against the DCT-II matrix built in NumPy.
 
 The basis is the r columns of the orthonormal DCT-II matrix that score highest by
 :math:`\\lVert B_j^\\top X \\rVert_2` (left; :math:`\\lVert X B_j \\rVert_2` on the right),
@@ -16,8 +16,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import lordo_jax
-from lordo_jax import bases
-from lordo_jax.bases import dct
+from lordo_jax.local import bases as bases
+from lordo_jax.local.bases import dct
 
 RANK = 4
 N = 300  # the DCT length: two blocks of 256 scores, the second one partial

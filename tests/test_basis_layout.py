@@ -13,7 +13,7 @@ from jax.sharding import AxisType
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from lordo_jax.bases import layout
+from lordo_jax.local.bases import layout
 from tests import basis_numpy as ref
 
 

@@ -1,6 +1,7 @@
 """The randomized-SVD strategies and their bases of a mean: two-sided
-(``lordo_jax/bases/randomized_svd.py``) and one-sided
-(``lordo_jax/bases/one_sided_randomized_svd.py``, against ``basis_numpy.one_sided_randomized``).
+(``lordo_jax/local/bases/randomized_svd.py``) and one-sided
+(``lordo_jax/local/bases/one_sided_randomized_svd.py``, against
+``basis_numpy.one_sided_randomized``).
 
 The refresh is checked against the algorithm of the module's docstring written in
 NumPy (float64), fed the same Gaussian sketch (drawn from the key with
@@ -18,9 +19,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lordo_jax import bases
-from lordo_jax.bases import randomized_svd
-from lordo_jax.bases import strategy as strategy_lib
+from lordo_jax.local import bases as bases
+from lordo_jax.local.bases import randomized_svd
+from lordo_jax.local.bases import strategy as strategy_lib
 
 RANK = 2
 
@@ -197,7 +198,7 @@ def test_bases_of_mean_with_the_identity_are_each_matrix_own_refresh_first_or_no
     np.testing.assert_array_equal(kept.right, previous[1].right)
 
 
-# One-sided (lordo_jax/bases/one_sided_randomized_svd.py): Q on the side SPEC section 2
+# One-sided (lordo_jax/local/bases/one_sided_randomized_svd.py): Q on the side SPEC section 2
 # picks, from the same range finder, checked against basis_numpy.one_sided_randomized.
 
 

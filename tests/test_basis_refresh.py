@@ -1,4 +1,4 @@
-"""lordo_jax.basis_refresh: where the bases come from, and what that costs.
+"""lordo_jax.round._basis_refresh: where the bases come from, and what that costs.
 
 Expected bases are computed in NumPy: the first r left singular vectors of the
 source matrix, each column's largest-magnitude entry made positive (SPEC section
@@ -15,10 +15,10 @@ import numpy as np
 import optax
 import pytest
 
-from lordo_jax import averaging
-from lordo_jax import basis_refresh
-from lordo_jax import collectives
-from lordo_jax import low_rank
+from lordo_jax.comm import _collectives as collectives
+from lordo_jax.local import _low_rank_adam as low_rank
+from lordo_jax.round import _averaging as averaging
+from lordo_jax.round import _basis_refresh as basis_refresh
 from tests import workers
 
 pytestmark = pytest.mark.timeout(180, method="thread")

@@ -1,4 +1,4 @@
-"""What every basis strategy shares (``lordo_jax/bases/strategy.py``, ``one_sided.py``).
+"""What every basis strategy shares (``lordo_jax/local/bases/strategy.py``, ``one_sided.py``).
 
 Canonical signs against NumPy; ``checked`` (one ``ok`` for a whole basis, the previous
 one kept where it is false); ``new_basis``'s choice between ``first`` and ``compute``
@@ -13,10 +13,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lordo_jax import bases
-from lordo_jax.bases import one_sided
-from lordo_jax.bases import strategy as strategy_lib
-from lordo_jax.bases import two_sided
+from lordo_jax.local import bases as bases
+from lordo_jax.local.bases import one_sided
+from lordo_jax.local.bases import strategy as strategy_lib
+from lordo_jax.local.bases import two_sided
 
 RANK = 2
 

@@ -1,4 +1,4 @@
-"""The subspace-iteration strategy (``lordo_jax/bases/subspace_iteration.py``).
+"""The subspace-iteration strategy (``lordo_jax/local/bases/subspace_iteration.py``).
 
 Its refresh is checked against the iteration written in NumPy (float64) from the
 module's docstring, its convergence against the bound of Golub and Van Loan (Theorem
@@ -13,8 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lordo_jax import bases
-from lordo_jax.bases import subspace_iteration
+from lordo_jax.local import bases as bases
+from lordo_jax.local.bases import subspace_iteration
 
 RANK = 2
 

@@ -1,4 +1,4 @@
-"""The one-sided SVD strategy (``lordo_jax/bases/svd.py``) through its BasisStrategy.
+"""The one-sided SVD strategy (``lordo_jax/local/bases/svd.py``) through its BasisStrategy.
 
 Every number is checked against NumPy in float64 (``basis_numpy``). Tolerances, for
 float32 computations: a basis of a matrix with a spectral gap (``basis_numpy.separated``)
@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lordo_jax import bases
-from lordo_jax.bases import svd
+from lordo_jax.local import bases as bases
+from lordo_jax.local.bases import svd
 
 RANK = 2
 # (p, q, side option, the side it must pick): SPEC section 2, and both forced sides.

@@ -1,4 +1,4 @@
-"""The two-sided SVD strategy (``lordo_jax/bases/two_sided_svd.py``) against NumPy.
+"""The two-sided SVD strategy (``lordo_jax/local/bases/two_sided_svd.py``) against NumPy.
 
 U and V are the top-r left and right singular vectors (canonical signs), the core is
 :math:`U^\\top A V`, and a change of bases acts as :math:`R_U C R_V^\\top`.
@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lordo_jax import bases
-from lordo_jax.bases import two_sided_svd
+from lordo_jax.local import bases as bases
+from lordo_jax.local.bases import two_sided_svd
 
 RANK = 2
 SHAPES = [(12, 7), (7, 12), (8, 8)]

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import lordo_jax
-from lordo_jax import collectives
+from lordo_jax.comm import _collectives as collectives
 from tests import hlo
 from tests import workers
 

@@ -21,8 +21,8 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import lordo_jax
-from lordo_jax import collectives
-from lordo_jax import compression
+from lordo_jax.comm import _collectives as collectives
+from lordo_jax.comm import _compression as compression
 from tests import hlo
 from tests import workers
 

@@ -8,7 +8,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import lordo_jax
-from lordo_jax import faults as faults_lib
+from lordo_jax.round import _faults as faults_lib
 from tests import workers
 
 pytestmark = pytest.mark.timeout(300, method="thread")
@@ -103,7 +103,7 @@ def test_worker_present_needs_fault_tolerance():
     raise AssertionError("worker_present was silently ignored")
 
 
-# The parts of lordo_jax.faults, one by one.
+# The parts of lordo_jax.round._faults, one by one.
 
 STEPPED = optax.ScaleByAdamState(
   count=jnp.int32(4),

@@ -101,8 +101,8 @@ def test_clip_norm_clips_each_worker_gradient_first():
   _, unclipped = one_step("low_rank_ddp", plain_config, grads)
   errors = lambda state: [  # noqa: E731
     np.asarray(s.error)
-    for s in jax.tree.leaves(state, is_leaf=lordo_jax.warm_start.is_matrix_state)
-    if lordo_jax.warm_start.is_matrix_state(s)
+    for s in jax.tree.leaves(state, is_leaf=lordo_jax.state._warm_start.is_matrix_state)
+    if lordo_jax.state._warm_start.is_matrix_state(s)
   ]
   assert len(errors(with_clip)) == len(model.low_rank_shapes(model.PRESETS["tiny"]))
   for a, b, c in zip(errors(with_clip), errors(on_clipped), errors(unclipped), strict=True):
@@ -147,6 +147,6 @@ def matrices(state):
   """Every low-rank matrix's state in ``state``."""
   return [
     s
-    for s in jax.tree.leaves(state, is_leaf=lordo_jax.warm_start.is_matrix_state)
-    if lordo_jax.warm_start.is_matrix_state(s)
+    for s in jax.tree.leaves(state, is_leaf=lordo_jax.state._warm_start.is_matrix_state)
+    if lordo_jax.state._warm_start.is_matrix_state(s)
   ]

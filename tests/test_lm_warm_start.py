@@ -58,8 +58,8 @@ def assert_trees_equal(a, b):
 
 def matrices(state):
   """Every low-rank matrix's state in ``state``, in tree order."""
-  leaves = jax.tree.leaves(state, is_leaf=lordo_jax.warm_start.is_matrix_state)
-  return [leaf for leaf in leaves if lordo_jax.warm_start.is_matrix_state(leaf)]
+  leaves = jax.tree.leaves(state, is_leaf=lordo_jax.state._warm_start.is_matrix_state)
+  return [leaf for leaf in leaves if lordo_jax.state._warm_start.is_matrix_state(leaf)]
 
 
 def test_transplant_names_the_settings_to_match():
@@ -94,7 +94,7 @@ def warm_config(source_run, **changes):
   )
 
 
-@pytest.mark.parametrize("moments", lordo_jax.warm_start.MOMENTS)
+@pytest.mark.parametrize("moments", lordo_jax.state._warm_start.MOMENTS)
 def test_lordo_state_right_after_the_switch(source_run, dataset, moments):
   config = warm_config(
     source_run, warm_start_moments=moments, optimizer_options=(("error_feedback", True),)
@@ -115,7 +115,7 @@ def test_lordo_state_right_after_the_switch(source_run, dataset, moments):
   assert_trees_equal(new_params, ddp_params)
   assert_trees_equal(state.anchor, ddp_params)  # LoRDO's anchor: the params at the switch
   assert position == metadata["data_position"]
-  for o, n in zip(*map(lordo_jax.warm_start.inner_states, (ddp_state, state)), strict=True):
+  for o, n in zip(*map(lordo_jax.state._warm_start.inner_states, (ddp_state, state)), strict=True):
     np.testing.assert_array_equal(n.count, o.count, strict=True)
     assert np.all(np.asarray(n.count) == S)
   ddp_m, lordo_m = matrices(ddp_state), matrices(state)

@@ -2,7 +2,7 @@
 
 The maths is checked against the NumPy reference in ``test_reference.py``; these
 tests hold the layout choices that keep the step fast (see the module docstring of
-:mod:`lordo_jax.low_rank`): moments in SPEC section 2's frame, a state that can be
+:mod:`lordo_jax.local._low_rank_adam`): moments in SPEC section 2's frame, a state that can be
 donated, and a compiled local step that never transposes or copies a full matrix.
 """
 
@@ -36,7 +36,7 @@ def test_state_shapes_follow_spec_section_2(shape):
   assert m.error.shape == shape
 
 
-@pytest.mark.parametrize("projection", lordo_jax.projection.METHODS)
+@pytest.mark.parametrize("projection", lordo_jax.local._projection.METHODS)
 def test_the_state_can_be_donated(projection):
   tx = low_rank_step(projection=projection)
   params = {"w": jnp.ones((P, Q))}
@@ -49,7 +49,7 @@ def test_the_state_can_be_donated(projection):
   assert bool(jnp.all(jnp.isfinite(params["w"])))
 
 
-@pytest.mark.parametrize("projection", lordo_jax.projection.METHODS)
+@pytest.mark.parametrize("projection", lordo_jax.local._projection.METHODS)
 @pytest.mark.parametrize("shape", [(P, Q), (Q, P)])
 def test_the_local_step_never_transposes_or_copies_a_matrix(projection, shape):
   tx = low_rank_step(projection=projection)

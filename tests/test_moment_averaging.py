@@ -1,4 +1,4 @@
-"""lordo_jax.moment_averaging: which moments a sync averages, and their averages.
+"""lordo_jax.round._moment_averaging: which moments a sync averages, and their averages.
 
 The moments due at the s-th sync are enumerated here from the rule (mu when s mod
 P1 = 0, nu when s mod P2 = 0); the averaged moments are compared with NumPy means
@@ -12,10 +12,10 @@ import numpy as np
 import optax
 import pytest
 
-from lordo_jax import averaging
-from lordo_jax import collectives
-from lordo_jax import low_rank
-from lordo_jax import moment_averaging
+from lordo_jax.comm import _collectives as collectives
+from lordo_jax.local import _low_rank_adam as low_rank
+from lordo_jax.round import _averaging as averaging
+from lordo_jax.round import _moment_averaging as moment_averaging
 from tests import workers
 
 pytestmark = pytest.mark.timeout(180, method="thread")

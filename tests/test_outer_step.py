@@ -1,4 +1,4 @@
-"""lordo_jax.outer_step: the pseudo-gradient and the outer optimizer's step.
+"""lordo_jax.round._outer_step: the pseudo-gradient and the outer optimizer's step.
 
 The expected anchors are computed in NumPy: with ``optax.sgd(1.0)`` the new anchor
 is the workers' mean, anchor - mean_m(anchor - theta_m); with Nesterov momentum
@@ -12,7 +12,7 @@ import numpy as np
 import optax
 import pytest
 
-from lordo_jax import outer_step
+from lordo_jax.round import _outer_step as outer_step
 
 pytestmark = pytest.mark.timeout(120, method="thread")
 

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lordo_jax import projection
+from lordo_jax.local import _projection as projection
 
 
 def separated_matrix(n, q, rank, seed=0):

@@ -8,7 +8,7 @@ import numpy as np
 import optax
 import pytest
 
-from lordo_jax import quasi_hyperbolic
+from lordo_jax.local import _quasi_hyperbolic as quasi_hyperbolic
 from lordo_jax.methods import local_step
 
 STEPS = 6

@@ -1,9 +1,9 @@
-"""lordo_jax.round_schedule: which fragments sync at a step, and when a round ends.
+"""lordo_jax.round._schedule: which fragments sync at a step, and when a round ends.
 
 The expected schedules are enumerated here from SPEC section 4 and the module's
 formulas (fragment f of F syncs at the steps t with t mod K = floor((f + 1) K / F)
 mod K; with a period function H the rounds are laid end to end, s' = s + max(1,
-floor(H(s)))), never from ``lordo_jax.schedules``.
+floor(H(s)))), never from ``lordo_jax.round._periods``.
 """
 
 import math
@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lordo_jax import round_schedule
+from lordo_jax.round import _schedule as round_schedule
 
 pytestmark = pytest.mark.timeout(120, method="thread")
 

@@ -15,7 +15,7 @@ import optax
 import pytest
 
 import lordo_jax
-from lordo_jax import schedules
+from lordo_jax.round import _periods as schedules
 from tests import workers
 
 M = 2

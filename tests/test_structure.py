@@ -1,7 +1,8 @@
-"""The package's shape: short functions, and a local step that cannot communicate.
+"""The package's shape: short functions, and layers that import only downwards.
 
 Read from the source with ``ast``, so that a change that breaks the layering or grows
-a function past the limit fails here, not in a reviewer's eye.
+a function past the limit fails here, not in a reviewer's eye. The layers are folders
+(docs/ARCHITECTURE.md); :data:`LAYERS` is their rule, one line per folder.
 """
 
 import ast
@@ -12,9 +13,17 @@ import pytest
 PACKAGE = pathlib.Path(__file__).parent.parent / "lordo_jax"
 MAX_FUNCTION_LINES = 80
 # Modules whose code sends messages between workers.
-COMMUNICATING = {"lordo_jax.collectives"}
-# The local step and everything a basis is made of: none of them may communicate.
-LOCAL = ["low_rank.py", "projection.py", "two_sided.py", "quasi_hyperbolic.py", "bases"]
+COMMUNICATING = {"lordo_jax.comm._collectives"}
+# Each folder of the package and the other folders its modules may import.
+LAYERS = {
+  "local": set(),  # the local step imports nothing from the round, comm or above
+  "comm": {"local"},  # messages use the local step's matrix layouts
+  "round": {"local", "comm"},  # the round communicates through comm only
+  "state": {"local", "comm", "round"},  # reads the states every layer makes
+  "methods": {"local", "comm", "round"},  # the optimizers, chains of the layers below
+}
+# Helpers every layer may import; they import nothing from the package.
+SHARED = {"lordo_jax._checks", "lordo_jax._tree_structure"}
 
 
 def _sources():
@@ -92,18 +101,43 @@ def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
   return seen
 
 
-def _local_modules() -> list[str]:
-  paths = []
-  for entry in LOCAL:
-    path = PACKAGE / entry
-    paths.extend(sorted(path.rglob("*.py")) if path.is_dir() else [path])
-  return [_module_name(path) for path in paths]
+def _layer(module: str) -> str:
+  """``local`` for ``lordo_jax.local._routing``; the module itself for a shared helper."""
+  return module if module in SHARED else module.split(".")[1]
+
+
+def _layer_modules(layer: str) -> list[str]:
+  return [_module_name(path) for path in sorted((PACKAGE / layer).rglob("*.py"))]
+
+
+def test_every_module_is_in_a_layer_or_shared():
+  modules = set(_import_graph())
+  layered = {m for layer in LAYERS for m in _layer_modules(layer)}
+  assert modules - layered == SHARED | {"lordo_jax.checkpoint"}
+
+
+@pytest.mark.parametrize("layer", sorted(LAYERS))
+def test_a_layer_imports_only_itself_the_layers_below_and_the_shared_helpers(layer):
+  graph = _import_graph()
+  allowed = LAYERS[layer] | {layer}
+  wrong = {
+    module: sorted(m for m in imports if m not in SHARED and _layer(m) not in allowed)
+    for module in _layer_modules(layer)
+    for imports in [graph[module]]
+  }
+  assert not {k: v for k, v in wrong.items() if v}, f"{layer}/ imports above itself"
+
+
+def test_the_shared_helpers_and_the_checkpoint_module_import_nothing_of_the_package():
+  graph = _import_graph()
+  for module in SHARED | {"lordo_jax.checkpoint"}:
+    assert not graph[module], module
 
 
 def test_the_import_check_sees_a_communicating_import():
-  assert imported_modules("from lordo_jax import collectives\n") & COMMUNICATING
-  assert imported_modules("import lordo_jax.collectives as c\n") & COMMUNICATING
-  graph = {"a": {"b"}, "b": {"lordo_jax.collectives"}, "c": set()}
+  assert imported_modules("from lordo_jax.comm import _collectives\n") & COMMUNICATING
+  assert imported_modules("import lordo_jax.comm._collectives as c\n") & COMMUNICATING
+  graph = {"a": {"b"}, "b": {"lordo_jax.comm._collectives"}, "c": set()}
   assert reachable(graph, "a") & COMMUNICATING
   assert not reachable(graph, "c") & COMMUNICATING
 
@@ -111,13 +145,17 @@ def test_the_import_check_sees_a_communicating_import():
 def test_the_communicating_layer_is_seen():
   """The check has something to find: the round and low-rank DDP do communicate."""
   graph = _import_graph()
-  for module in ("lordo_jax.sync", "lordo_jax.projected_mean", "lordo_jax.averaging"):
+  for module in (
+    "lordo_jax.round._synchronize",
+    "lordo_jax.comm._projected_mean",
+    "lordo_jax.round._averaging",
+  ):
     assert reachable(graph, module) & COMMUNICATING, module
 
 
-@pytest.mark.parametrize("module", _local_modules())
+@pytest.mark.parametrize("module", _layer_modules("local"))
 def test_the_local_step_imports_nothing_that_communicates(module):
-  """low_rank.py and the bases never import the collectives, not even through others."""
+  """The local step and its bases never import the collectives, not even through others."""
   graph = _import_graph()
   assert module in graph, module
   assert not reachable(graph, module) & COMMUNICATING

@@ -150,7 +150,7 @@ def test_outer_momentum_is_float32_for_bfloat16_params():
 
 
 def test_local_update_does_not_pass_through_the_rounds_conditional():
-  """The update is chosen outside the round's ``lax.cond`` (sync.py, "Cost of a local
+  """The update is chosen outside the round's ``lax.cond`` (round/_synchronize.py, "Cost of a local
   step"): the only parameter-shaped result of any conditional is the anchor, so a
   local step's update can fuse with ``apply_updates``."""
   shape = (24, 40)  # a shape nothing else in the program has

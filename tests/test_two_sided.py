@@ -20,7 +20,7 @@ import pytest
 import two_sided_reference as two_ref
 
 import lordo_jax
-from lordo_jax import two_sided
+from lordo_jax.local import _two_sided_projection as two_sided
 
 NUM_WORKERS = 4
 STEPS = 12
@@ -85,7 +85,7 @@ def test_lordo_two_sided_matches_the_reference(shape, rank, seed, options):
         err = _relative_error(got[leaf], want["params"][m][leaf], params[leaf])
         assert err < RTOL, f"step {t}, worker {m}, leaf {leaf}: rel err {err:.2e}"
   moments = workers.worker_state(0).inner_state
-  mu = jax.tree.leaves(lordo_jax.inner_state.moment_tree(moments, "mu"))
+  mu = jax.tree.leaves(lordo_jax.round._inner_state.moment_tree(moments, "mu"))
   assert (rank, rank) in [m.shape for m in mu]
 
 
@@ -215,7 +215,7 @@ def test_two_sided_state_is_smaller_and_its_moments_are_r_by_r():
   one = lordo_jax.lordo(1e-2, rank=4, sync_every=4).init(params)
   two = lordo_jax.lordo(1e-2, rank=4, sync_every=4, two_sided=True).init(params)
   moments = two.inner_state
-  mu = [m.shape for m in jax.tree.leaves(lordo_jax.inner_state.moment_tree(moments, "mu"))]
+  mu = [m.shape for m in jax.tree.leaves(lordo_jax.round._inner_state.moment_tree(moments, "mu"))]
   assert (4, 4) in mu and (4, 48) not in mu
   assert lordo_jax.state_bytes(two)["device"] < lordo_jax.state_bytes(one)["device"]
 

@@ -15,7 +15,7 @@ import optax
 import pytest
 
 import lordo_jax
-from lordo_jax import warm_start
+from lordo_jax.state import _warm_start as warm_start
 
 
 def assert_trees_equal(a, b):

@@ -83,6 +83,6 @@ def on_workers(fn, workers: int):
 
 def ledger_numbers(ledger) -> tuple[int, int, int]:
   """(elements, bytes, all-reduces) of worker 0's ledger, from a stacked
-  :class:`lordo_jax.collectives.Ledger` (its int32 limbs: low + high * 2**20)."""
+  :class:`lordo_jax.comm._collectives.Ledger` (its int32 limbs: low + high * 2**20)."""
   value = lambda limbs: int(limbs[0, 0]) + int(limbs[0, 1]) * 2**20  # noqa: E731
   return value(ledger.elements), value(ledger.bytes), int(ledger.all_reduces[0])

@@ -20,11 +20,11 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from lordo_jax import checks
-from lordo_jax import collectives
-from lordo_jax import compression as compression_lib
-from lordo_jax import projected_mean
-from lordo_jax import routing
+from lordo_jax import _checks as checks
+from lordo_jax.comm import _collectives as collectives
+from lordo_jax.comm import _compression as compression_lib
+from lordo_jax.comm import _projected_mean as projected_mean
+from lordo_jax.local import _routing as routing
 from lordo_jax.methods import local_step
 from lordo_jax.methods import options
 
@@ -52,7 +52,7 @@ def average_gradients(
   optimizer to make it data-parallel (:func:`ddp`, :func:`low_rank_ddp`).
 
   With ``compression`` the gradient is sent as bfloat16 or int8 with per-row scales
-  (:func:`lordo_jax.collectives.counted_mean`) and error feedback: each worker sends
+  (:func:`lordo_jax.comm._collectives.counted_mean`) and error feedback: each worker sends
   :math:`G_m + e_m` and keeps what the rounding lost in :math:`e_m`, so over a run
   the sum of the means it returns plus the mean residual equals the sum of the true
   means (Seide et al. 2014; Karimireddy et al. 2019).
@@ -241,7 +241,7 @@ def low_rank_ddp(
     :math:`l = r + \text{oversample}`, per pass). It needs ``omega = 1`` and
     ``error_feedback=False``, which use the full gradient.
 
-  ``two_sided=True`` is TSR-Adam (:mod:`lordo_jax.two_sided`): the moments are the
+  ``two_sided=True`` is TSR-Adam (:mod:`lordo_jax.local._two_sided_projection`): the moments are the
   ``r x r`` cores :math:`U^\top \bar G V`; with ``communicate="projected"`` the
   per-step message is that core (``r^2`` per matrix), and a refresh with
   ``projection="randomized_svd"`` averages sketches (``(p + q)(r + oversample)``
@@ -276,7 +276,7 @@ def low_rank_ddp(
       update the LoRDO authors' code applies; for replication only).
     full_rank_nu: QHAdam on the leaves off the low-rank path,
       ``((1 - nu) g + nu m_hat) / (sqrt(v_hat) + eps)``; 1 is Adam.
-    low_rank_labels: which leaves are low-rank (see :mod:`lordo_jax.routing`).
+    low_rank_labels: which leaves are low-rank (see :mod:`lordo_jax.local._routing`).
     subspace_iterations: iterations per refresh with ``"subspace_iteration"``
       (``None``: 2).
     compression: ``None``, ``"bfloat16"`` or ``"int8"``: with ``communicate="full"``
@@ -315,7 +315,7 @@ def low_rank_ddp(
   step = options.low_rank_step(who, locals())
 
   def matrices_path(low_rank):
-    """Projected: the coordinates averaged (:mod:`lordo_jax.projected_mean`)."""
+    """Projected: the coordinates averaged (:mod:`lordo_jax.comm._projected_mean`)."""
     return projected_mean.projected_mean(low_rank, axis_name) if projected else low_rank
 
   _, local = local_step.low_rank_adamw(

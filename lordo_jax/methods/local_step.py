@@ -20,10 +20,10 @@ from typing import Any
 
 import optax
 
-from lordo_jax import low_rank as low_rank_lib
-from lordo_jax import precision
-from lordo_jax import quasi_hyperbolic
-from lordo_jax import routing
+from lordo_jax.local import _low_rank_adam as low_rank_lib
+from lordo_jax.local import _precision as precision
+from lordo_jax.local import _quasi_hyperbolic as quasi_hyperbolic
+from lordo_jax.local import _routing as routing
 from lordo_jax.methods import options
 
 
@@ -49,7 +49,7 @@ def adamw(learning_rate, b1, b2, eps, weight_decay) -> optax.GradientTransformat
 def full_rank_adam(b1, b2, eps, nu=1.0) -> optax.GradientTransformation:
   """``optax.scale_by_adam`` (``nu`` = 1), else QHAdam; moments in float32.
 
-  QHAdam is :func:`lordo_jax.quasi_hyperbolic.scale_by_qhadam`; its state is Adam's.
+  QHAdam is :func:`lordo_jax.local._quasi_hyperbolic.scale_by_qhadam`; its state is Adam's.
   """
   if isinstance(nu, numbers.Real) and nu == 1:
     adam = optax.scale_by_adam(b1=b1, b2=b2, eps=eps)
@@ -110,7 +110,7 @@ def low_rank_adamw(
   ``matrices_path(low_rank)`` (Adam on the other leaves, or QHAdam with
   ``step.full_rank_nu``; decoupled weight decay, learning rate). ``matrices_path``
   may make the low-rank step data-parallel, as
-  :func:`lordo_jax.projected_mean.projected_mean` does for low-rank DDP.
+  :func:`lordo_jax.comm._projected_mean.projected_mean` does for low-rank DDP.
   """
   options = step._asdict()
   full_rank_nu = options.pop("full_rank_nu")

@@ -17,10 +17,10 @@ from typing import Any
 
 import optax
 
-from lordo_jax import checks
-from lordo_jax import sync
+from lordo_jax import _checks as checks
 from lordo_jax.methods import local_step
 from lordo_jax.methods import options
+from lordo_jax.round import _synchronize as sync
 
 
 def local_adam(
@@ -53,7 +53,7 @@ def local_adam(
   Args:
     learning_rate: a float or an optax schedule.
     sync_every: K, local steps per round, or a function of the step
-      (:mod:`lordo_jax.schedules`).
+      (:mod:`lordo_jax.round._periods`).
     axis_name: the worker axis; ``None`` for one worker.
     b1, b2, eps: Adam's parameters.
     weight_decay: decoupled weight decay, as in ``optax.adamw``.
@@ -215,7 +215,7 @@ def diloco(
   Args:
     learning_rate: the inner AdamW's learning rate (float or schedule).
     sync_every: K (the paper's H), local steps per round, or a function of the
-      step (:mod:`lordo_jax.schedules`).
+      step (:mod:`lordo_jax.round._periods`).
     axis_name: the worker axis; ``None`` for one worker.
     outer_learning_rate: :math:`\eta_o`.
     outer_momentum: :math:`\mu_o`.

@@ -19,10 +19,10 @@ from typing import Any
 
 import optax
 
-from lordo_jax import checks
-from lordo_jax import sync
+from lordo_jax import _checks as checks
 from lordo_jax.methods import local_step
 from lordo_jax.methods import options
+from lordo_jax.round import _synchronize as sync
 
 
 def lordo(
@@ -123,7 +123,7 @@ def lordo(
       update the LoRDO authors' code applies; for replication only).
     full_rank_nu: QHAdam on the leaves off the low-rank path,
       ``((1 - nu) g + nu m_hat) / (sqrt(v_hat) + eps)``; 1 is Adam.
-    low_rank_labels: which leaves are low-rank (see :mod:`lordo_jax.routing`);
+    low_rank_labels: which leaves are low-rank (see :mod:`lordo_jax.local._routing`);
       ``None``: every 2-D leaf with ``min(p, q) > rank``.
     subspace_iterations: iterations per refresh with ``"subspace_iteration"``
       (``None``: 2).
@@ -137,14 +137,14 @@ def lordo(
     fragments: ``None`` (default): no streaming; F > 1 streams the round: the
       parameters sync in F fragments at staggered steps, so the largest message is
       about 1/F of the model.
-    two_sided: project on both sides (TSR-Adam, :mod:`lordo_jax.two_sided`): the
+    two_sided: project on both sides (TSR-Adam, :mod:`lordo_jax.local._two_sided_projection`): the
       moments are ``r x r`` cores, so a sync averages ``r x r`` moments instead of
       ``r x q``; ``projection`` is then ``"svd"`` or ``"randomized_svd"``.
     oversample, power_iterations: of the ``randomized_svd`` refresh (``None``: 8
       extra sketch columns, 1 power iteration).
     offload: keep the anchor and the outer optimizer's state in host memory
       (``pinned_host``) between syncs, on the device only inside the sync
-      (:mod:`lordo_jax.offload`); results bit-identical to ``offload=False``.
+      (:mod:`lordo_jax.round._offload`); results bit-identical to ``offload=False``.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``. Its ``update`` needs params.
@@ -237,7 +237,7 @@ def lordo_local_projection(
   Args:
     learning_rate: a float or an optax schedule.
     rank: r.
-    sync_every: K, or a function of the step (:mod:`lordo_jax.schedules`).
+    sync_every: K, or a function of the step (:mod:`lordo_jax.round._periods`).
     axis_name: the worker axis; ``None`` for one worker.
     omega, mu, b1, b2, eps, weight_decay, projection, side, transport,
       error_feedback, error_feedback_dtype, outer_optimizer, full_rank_scale,

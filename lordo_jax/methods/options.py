@@ -7,7 +7,7 @@ low-rank step's options (``rank``, ``omega``, ``mu``, ``projection``, ``side``,
 ``subspace_iterations``, and the variants of ``docs/FIDELITY.md``:
 ``full_rank_numerator``, ``qh_nu``, ``low_rank_term``, ``full_rank_nu``). A bad
 value fails when the method is built, with a message that names the method, the
-argument, its value and what is accepted (:mod:`lordo_jax.checks`).
+argument, its value and what is accepted (:mod:`lordo_jax._checks`).
 """
 
 from typing import Any
@@ -15,9 +15,9 @@ from typing import NamedTuple
 
 import jax.numpy as jnp
 
-from lordo_jax import checks
-from lordo_jax import low_rank
-from lordo_jax import quasi_hyperbolic
+from lordo_jax import _checks as checks
+from lordo_jax.local import _low_rank_adam as low_rank
+from lordo_jax.local import _quasi_hyperbolic as quasi_hyperbolic
 
 INIT_PROJECTIONS = ("gradient", "random")
 # The integer options that fix the program's shapes or its rounds: Python values only,
@@ -40,7 +40,7 @@ ERROR_FEEDBACK_DTYPES = ("float32", "bfloat16")
 
 def check_static(who: str, arguments: dict[str, Any]) -> None:
   """The :data:`STATIC_OPTIONS` among ``arguments`` (``locals()`` on entry) are not
-  arrays; one error names every one that is (:func:`lordo_jax.checks.static_args`)."""
+  arrays; one error names every one that is (:func:`lordo_jax._checks.static_args`)."""
   checks.static_args(who, **{k: v for k, v in arguments.items() if k in STATIC_OPTIONS})
 
 
@@ -90,9 +90,9 @@ def low_rank_step(who: str, arguments: dict[str, Any]) -> LowRankStep:
   Adam's options (``weight_decay`` among them) as in :func:`check_adam`; ``side``,
   ``transport``, ``full_rank_scale``, ``low_rank_term`` and ``full_rank_numerator``
   are among their kinds, and ``"error_fed"`` needs ``error_feedback``
-  (:func:`lordo_jax.low_rank.check_step`); ``projection`` is one of the one-sided
+  (:func:`lordo_jax.local._low_rank_adam.check_step`); ``projection`` is one of the one-sided
   or (with ``two_sided``) the two-sided methods
-  (:func:`lordo_jax.low_rank.check_projection`); ``error_feedback_dtype`` becomes a
+  (:func:`lordo_jax.local._low_rank_adam.check_projection`); ``error_feedback_dtype`` becomes a
   name (:func:`error_feedback_dtype_name`). ``who`` names the method in the
   messages; an option the method does not take keeps its default here.
   """

@@ -1,0 +1,605 @@
+r"""Low-rank Adam: moments kept in an r-dimensional subspace of each matrix.
+
+The local step of SPEC section 3, for one ``p x q`` matrix, written for the left
+case (Q is ``p x r``; the right case is the left case of the transpose):
+
+.. math::
+  A &= G + E, \qquad c = Q^\top A, \qquad E \leftarrow A - Q c \\
+  u &\leftarrow \beta_1 u + (1 - \beta_1) c, \qquad
+  v \leftarrow \beta_2 v + (1 - \beta_2) c^2 \\
+  D &= \sqrt{v / (1 - \beta_2^t)} + \epsilon, \qquad
+  L = Q \left(\frac{u / (1 - \beta_1^t)}{D}\right) \\
+  \text{direction} &= (1 - \omega) \frac{G}{\mu s} + \omega L
+
+Three variants of the authors' code (``docs/FIDELITY.md``), each off by default:
+``qh_nu`` :math:`= \nu < 1` is QHAdam inside the projection,
+:math:`L = Q\,((1 - \nu) c + \nu \hat u) / D`; ``low_rank_term="momentum"`` leaves
+out the division by D, :math:`L = Q \hat u` (the update the authors' code applies);
+``full_rank_numerator="error_fed"`` puts the error-fed gradient in the full-rank
+term, :math:`(G + E_\text{before}) / (\mu s)`.
+
+The basis is a strategy (:mod:`lordo_jax.local.bases`): each matrix's
+:class:`~lordo_jax.local.bases.BasisStrategy` says how Q is computed (``svd``,
+``subspace_iteration``, ``dct``, ``randomized_svd``; two-sided ``svd``,
+``randomized_svd``), on which side it projects, and how
+:math:`c = \mathrm{project}(Q, A)` and :math:`L = \mathrm{unproject}(Q, X)` are
+formed. This module never asks which method it holds. The step works on each leaf's
+own ``p x q`` matrix and never transposes it: the coordinates, moments and
+denominator are ``r x q`` on the left, ``p x r`` on the right
+(:mod:`lordo_jax.local.bases.one_sided`) and ``r x r`` two-sided (TSR-Adam,
+:mod:`lordo_jax.local.bases.two_sided`: :math:`C = U^\top A V`, :math:`L = U X V^\top`,
+and the full-rank scale is then a scalar). Each basis matrix is formed once per step
+and used by both products.
+
+The error buffer E exists only with ``error_feedback=True``. When the basis is
+refreshed, the moments are carried into the new one (``transport``, SPEC 4.6):
+
+* ``rotate`` (LDAdam): with the change of basis :math:`R = Q_\text{new}^\top
+  Q_\text{old}` (the strategy's ``overlap``; :math:`(R_U, R_V)` two-sided) acting
+  on coordinates as the strategy's ``carry`` (:math:`R u` on the left, :math:`u R^\top`
+  on the right, :math:`R_U u R_V^\top` two-sided), :math:`u \leftarrow R u`, and the
+  bias-corrected second moment becomes :math:`|(R \odot R)\,\mathrm{var} + (R \hat
+  m)^2|` with :math:`\mathrm{var} = \max(\hat v - \hat m^2, 0)`;
+* ``keep`` (GaLore): the moments are reused as they are;
+* ``reset``: the moments restart from zero.
+
+This transformation never communicates. Who refreshes the basis is a choice:
+``refresh_every=T`` refreshes it from the gradient this transformation receives at
+steps 1, T + 1, 2T + 1, ... (GaLore; :func:`lordo_jax.low_rank_ddp`), while
+:func:`lordo_jax.synchronize` refreshes it from the averaged pseudo-gradient through
+:meth:`LowRankAdam.refresh` (LoRDO). A data-parallel caller averages what it needs
+around the step's pieces (:attr:`LowRankAdam.project`, :attr:`LowRankAdam.step`, and
+:attr:`LowRankAdam.refresh`'s ``mean``), as :mod:`lordo_jax.comm._projected_mean` does
+for low-rank DDP's ``communicate="projected"``.
+"""
+
+import functools
+from collections.abc import Callable
+from typing import Any
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from lordo_jax import _checks as checks
+from lordo_jax import _tree_structure as state_structure
+from lordo_jax.local import _routing as routing
+from lordo_jax.local import bases as bases_lib
+from lordo_jax.local._quasi_hyperbolic import qh_momentum
+from lordo_jax.local._quasi_hyperbolic import quasi_hyperbolic_mix
+from lordo_jax.local.bases import layout
+
+TRANSPORTS = ("rotate", "keep", "reset")
+SIDES = ("auto", "left", "right", "galore_std")
+FULL_RANK_NUMERATORS = ("gradient", "error_fed")
+LOW_RANK_TERMS = ("adam", "momentum")
+INIT_PROJECTIONS = ("gradient", "random", "external")
+
+
+class LowRankMoments(NamedTuple):
+  """Low-rank Adam state of one matrix (SPEC section 2's shapes)."""
+
+  # Q (p x r left, q x r right) float32, a DCTBasis, or a TwoSidedBasis (U and V).
+  basis: Any
+  mu: jax.Array  # First moment u, float32: r x q (left), p x r (right), r x r (two-sided).
+  nu: jax.Array  # Second moment v, float32, shaped like u.
+  error: jax.Array  # Error-feedback buffer E, p x q (the leaf's matrix); (0,) when off.
+
+
+class LowRankAdamState(NamedTuple):
+  """State of :func:`scale_by_low_rank_adam`."""
+
+  count: jax.Array  # int32 scalar: steps taken.
+  moments: Any  # Like params: LowRankMoments per matrix, optax.MaskedNode elsewhere.
+  refresh_failures: jax.Array  # int32 scalar: refreshes that kept the old basis.
+
+
+class Projected(NamedTuple):
+  """One step's projection (:attr:`LowRankAdam.project`), trees like the params."""
+
+  coordinates: Any  # c = project(Q, G + E) per matrix, float32.
+  errors: Any  # The new error buffers E (unchanged without error feedback).
+  bases: Any  # Each matrix's basis as project and unproject take it (formed once).
+
+
+class LowRankAdam(NamedTuple):
+  """An optax transformation with entry points into its step.
+
+  ``refresh(state, source, *, first=False, mean=identity)`` recomputes every
+  matrix's basis from the matching leaf of ``source`` (a tree like params) and
+  transports the moments. ``first=True`` marks a run's first basis: exact (SVD for
+  ``subspace_iteration``) and no transport, since the moments are still zero.
+  ``mean`` averages lists of arrays over the workers: the bases are then those of
+  the workers' mean source, and what is averaged (the source, or a randomized SVD's
+  sketches) is the method's choice.
+
+  ``update`` is ``step(updates, s, project(updates, s))`` with ``s`` the state after
+  the refresh ``refresh_due(count)`` calls for (``None``: never): a caller may
+  replace the coordinates between the two.
+  """
+
+  init: Callable
+  update: Callable
+  refresh: Callable
+  refresh_due: Callable  # count (after this step) -> bool array, or None.
+  project: Callable  # (updates, state) -> Projected.
+  step: Callable  # (updates, state, Projected) -> (directions, state).
+
+
+def check_projection(
+  who: str, projection: str, *, two_sided: bool, side: str, full_rank_scale: str
+) -> None:
+  """The projection options, checked together: one-sided methods, or two-sided ones."""
+  if not two_sided:
+    checks.one_of(who, "projection", projection, tuple(bases_lib.ONE_SIDED))
+    return
+  checks.one_of(who, "projection", projection, tuple(bases_lib.TWO_SIDED))
+  if side != "auto":
+    raise ValueError(
+      f"{who}: side={side!r} is not accepted with two_sided=True; expected 'auto' "
+      "(two-sided projection works on both sides of every matrix)."
+    )
+  if full_rank_scale != "scalar":
+    raise ValueError(
+      f"{who}: full_rank_scale={full_rank_scale!r} is not accepted with "
+      "two_sided=True; expected 'scalar' (the r x r core has no row or column of "
+      "the matrix to take a vector scale from)."
+    )
+
+
+def check_step(
+  who: str,
+  *,
+  side: str,
+  qh_nu,
+  low_rank_term: str,
+  full_rank_numerator: str,
+  error_feedback: bool,
+) -> None:
+  """The step's options: ``side``, ``qh_nu`` in [0, 1], the terms' kinds; an error-fed
+  full-rank numerator needs error feedback."""
+  checks.one_of(who, "side", side, SIDES)
+  checks.in_interval(who, "qh_nu", qh_nu, 0.0, 1.0, closed_high=True)
+  checks.one_of(who, "low_rank_term", low_rank_term, LOW_RANK_TERMS)
+  checks.one_of(who, "full_rank_numerator", full_rank_numerator, FULL_RANK_NUMERATORS)
+  if full_rank_numerator == "error_fed" and not error_feedback:
+    raise ValueError(
+      f"{who}: full_rank_numerator='error_fed' is not accepted with "
+      f"error_feedback={error_feedback!r}; its numerator G + E needs the error buffer E. "
+      "Set error_feedback=True, or use full_rank_numerator='gradient'."
+    )
+
+
+def rotate_moments(strategy: bases_lib.BasisStrategy, mu, nu, new_basis, old_basis, count, b1, b2):
+  r"""LDAdam's moment transport into a new basis (SPEC section 4, step 6).
+
+  .. math::
+    R = \mathrm{overlap}(Q_\text{new}, Q_\text{old}), \quad
+    \hat m = \frac{u}{1 - \beta_1^t}, \quad \hat v = \frac{v}{1 - \beta_2^t}, \quad
+    u' = R u, \quad
+    v' = (1 - \beta_2^t)\,\bigl|(R \odot R) \max(\hat v - \hat m^2, 0)
+      + (R \hat m)^2\bigr|
+
+  where "R applied" is the strategy's ``carry`` (``R x`` on the left, ``x R^T`` on
+  the right, :math:`R_U x R_V^\top` two-sided); R is exactly 0/1 for two DCT bases.
+  """
+  rotation = strategy.overlap(new_basis, old_basis)
+  if strategy.side == "right":  # The left case of the transposes (the same products).
+    mu, nu = _rotated(lambda r, x: r @ x, rotation, mu.T, nu.T, count, b1, b2)
+    return mu.T, nu.T
+  return _rotated(strategy.carry, rotation, mu, nu, count, b1, b2)
+
+
+def _rotated(carry, rotation, mu, nu, count, b1, b2):
+  """:func:`rotate_moments` with R applied by ``carry``."""
+  squared = jax.tree.map(lambda r: r * r, rotation)
+  first_correction = 1 - b1**count
+  second_correction = 1 - b2**count
+  mean = mu / first_correction
+  variance = jnp.maximum(nu / second_correction - mean**2, 0.0)
+  new_second = jnp.abs(carry(squared, variance) + carry(rotation, mean) ** 2)
+  return carry(rotation, mu), new_second * second_correction
+
+
+def _is_node(x) -> bool:
+  return isinstance(x, (LowRankMoments, optax.MaskedNode))
+
+
+def map_matrices(fn, moments, *trees):
+  """``fn(moments_leaf, *leaves)`` at every matrix; MaskedNode elsewhere."""
+
+  def one(m, *xs):
+    return m if isinstance(m, optax.MaskedNode) else fn(m, *xs)
+
+  return jax.tree.map(one, moments, *trees, is_leaf=_is_node)
+
+
+def _listed(moments, tree) -> list:
+  """The matrices' entries of ``tree``, in order."""
+  entries = []
+  map_matrices(lambda m, x: entries.append(x), moments, tree)
+  return entries
+
+
+def _unlisted(moments, entries: list):
+  """Inverse of :func:`_listed`: a tree like ``moments`` holding ``entries``."""
+  entries = iter(entries)
+  return map_matrices(lambda m: next(entries), moments)
+
+
+class _Pair(NamedTuple):
+  first: Any
+  second: Any
+
+
+def _unzip(tree):
+  is_pair = lambda x: isinstance(x, _Pair)  # noqa: E731
+  firsts = jax.tree.map(lambda p: p.first, tree, is_leaf=is_pair)
+  seconds = jax.tree.map(lambda p: p.second, tree, is_leaf=is_pair)
+  return firsts, seconds
+
+
+class _Config(NamedTuple):
+  """The hyperparameters of one :func:`scale_by_low_rank_adam`, and its method."""
+
+  rank: int
+  b1: float
+  b2: float
+  eps: float
+  omega: Any
+  mu: float
+  full_rank_scale: str
+  full_rank_numerator: str
+  qh_nu: Any
+  low_rank_term: str
+  transport: str
+  error_feedback: bool
+  error_feedback_dtype: Any
+  refresh_every: int | None
+  init_projection: str
+  seed: int
+  matrix_axes: Any
+  method: bases_lib.Method
+
+
+def _axes_of(c: _Config, tree):
+  """The :class:`~lordo_jax.local._routing.MatrixAxes` of every leaf; an error for a non-matrix."""
+  axes = routing.route(tree, c.matrix_axes, c.rank)
+
+  def check(path, a):
+    if a == routing.FULL_RANK:
+      raise ValueError(
+        f"scale_by_low_rank_adam got the leaf {jax.tree_util.keystr(path)}, "
+        f"which is not a matrix with min(p, q) > rank={c.rank}. Send such leaves "
+        "to another transformation with optax.partition (lordo_jax.lordo does), "
+        "or label them with matrix_axes."
+      )
+    return a
+
+  is_masked = lambda x: isinstance(x, optax.MaskedNode)  # noqa: E731
+  return jax.tree_util.tree_map_with_path(check, axes, is_leaf=is_masked)
+
+
+def _strategy(c: _Config, x, axes) -> bases_lib.BasisStrategy:
+  """The basis strategy of the leaf ``x`` seen as a ``p x q`` matrix."""
+  return c.method.strategy(*routing.matrix_shape(x.shape, axes))
+
+
+def _matrix_spec(x, axes) -> tuple:
+  """The mesh axes of the rows and columns of a 2-D leaf's matrix; a reshaped leaf's
+  matrix is taken as whole."""
+  if x.ndim == 2 and axes.normalized(2) == ((0,), (1,)):
+    return layout.spec_of(x)
+  return (None, None)
+
+
+def _init_leaf(c: _Config, x, axes, key) -> LowRankMoments:
+  s = _strategy(c, x, axes)
+  # Sharded like the matrix (Explicit mesh axes); two buffers, so a caller may donate.
+  spec = _matrix_spec(x, axes)
+  basis = s.init(key if c.init_projection == "random" else None)
+  basis_spec = s.basis_spec(x) if x.ndim == 2 and spec != (None, None) else None
+  basis = jax.tree.map(lambda b: layout.place(b, basis_spec, x), basis)
+  mu = layout.zeros(s.coordinates_shape, jnp.float32, s.coordinates_spec(spec), x)
+  nu = layout.zeros(s.coordinates_shape, jnp.float32, s.coordinates_spec(spec), x)
+  if c.error_feedback:
+    shape = routing.matrix_shape(x.shape, axes)
+    error = layout.zeros(shape, c.error_feedback_dtype, spec, x)
+  else:
+    error = jnp.zeros((0,), jnp.float32)
+  return LowRankMoments(basis, mu, nu, error)
+
+
+def _init(c: _Config, params) -> LowRankAdamState:
+  is_masked = lambda x: isinstance(x, optax.MaskedNode)  # noqa: E731
+  leaves, treedef = jax.tree.flatten(params, is_leaf=is_masked)
+  keys = list(jax.random.split(jax.random.key(c.seed), max(len(leaves), 1)))
+  keyed = jax.tree.unflatten(treedef, keys[: len(leaves)])
+  moments = jax.tree.map(
+    lambda x, a, k: x if is_masked(x) else _init_leaf(c, x, a, k),
+    params,
+    _axes_of(c, params),
+    keyed,
+    is_leaf=is_masked,
+  )
+  return LowRankAdamState(
+    count=jnp.zeros([], jnp.int32),
+    moments=moments,
+    refresh_failures=jnp.zeros([], jnp.int32),
+  )
+
+
+def _leaf_keys(c: _Config, moments, count):
+  """One PRNG key per matrix, from the seed and the step: alike on every worker."""
+  leaves, treedef = jax.tree.flatten(moments, is_leaf=_is_node)
+  base = jax.random.fold_in(jax.random.key(c.seed + 1), count)
+  keys = [jax.random.fold_in(base, i) for i in range(len(leaves))]
+  return jax.tree.unflatten(treedef, keys)
+
+
+def _transported(c: _Config, s, m: LowRankMoments, basis, ok, count, first) -> LowRankMoments:
+  """One matrix's moments carried into its new basis (``transport``)."""
+  if first is True:
+    return m._replace(basis=basis)
+  new_mu, new_nu = m.mu, m.nu
+  if c.transport == "rotate":
+    rotated = rotate_moments(s, m.mu, m.nu, basis, m.basis, count, c.b1, c.b2)
+    keep = jnp.logical_or(first, ~ok)
+    new_mu = jnp.where(keep, m.mu, rotated[0])
+    new_nu = jnp.where(keep, m.nu, rotated[1])
+  elif c.transport == "reset":
+    new_mu = jnp.where(ok, jnp.zeros_like(m.mu), m.mu)
+    new_nu = jnp.where(ok, jnp.zeros_like(m.nu), m.nu)
+  return LowRankMoments(basis, new_mu, new_nu, m.error)
+
+
+def _refresh(c: _Config, state, source, *, first=False, mean=lambda xs: xs) -> LowRankAdamState:
+  """:attr:`LowRankAdam.refresh`: new bases from ``source`` (its workers' ``mean``)."""
+  moments = state.moments
+  source = map_matrices(lambda m, x: x, moments, source)
+  leaves = _listed(moments, source)
+  axes = _listed(moments, _axes_of(c, source))
+  entries = _listed(moments, moments)
+  strategies = [_strategy(c, x, a) for x, a in zip(leaves, axes, strict=True)]
+  results = c.method.bases_of_mean(
+    strategies,
+    [routing.to_matrix(x, a) for x, a in zip(leaves, axes, strict=True)],
+    [m.basis for m in entries],
+    _listed(moments, _leaf_keys(c, moments, state.count)),
+    first,
+    mean,
+  )
+  new = [
+    _transported(c, s, m, basis, ok, state.count, first)
+    for s, m, (basis, ok) in zip(strategies, entries, results, strict=True)
+  ]
+  failures = sum((~ok).astype(jnp.int32) for _, ok in results)
+  return state._replace(
+    moments=_unlisted(moments, new), refresh_failures=state.refresh_failures + failures
+  )
+
+
+def _refresh_due(c: _Config, count):
+  """Whether the step ``count`` refreshes: 1, T + 1, 2T + 1, ... and/or 1; None: never."""
+  now = None
+  if c.refresh_every is not None:
+    now = (count - 1) % c.refresh_every == 0
+  if c.init_projection == "gradient":
+    now = count == 1 if now is None else now | (count == 1)
+  return now
+
+
+def _project(c: _Config, updates, state) -> Projected:
+  """:attr:`LowRankAdam.project`: ``c = project(Q, G + E)`` and ``E = A - unproject(Q, c)``."""
+  axes = _axes_of(c, updates)
+  bases = map_matrices(
+    lambda m, g, a: _strategy(c, g, a).dense(m.basis), state.moments, updates, axes
+  )
+
+  def one(m, g, q, a):
+    s = _strategy(c, g, a)
+    fed = routing.to_matrix(g, a).astype(jnp.float32)
+    if c.error_feedback:
+      fed = fed + m.error.astype(jnp.float32)
+    coordinates = s.project(q, fed)
+    if not c.error_feedback:
+      return _Pair(coordinates, m.error)
+    return _Pair(coordinates, (fed - s.unproject(q, coordinates)).astype(m.error.dtype))
+
+  coordinates, errors = _unzip(map_matrices(one, state.moments, updates, bases, axes))
+  return Projected(coordinates, errors, bases)
+
+
+def _step(c: _Config, updates, state, projected: Projected):
+  """:attr:`LowRankAdam.step`: the moments and the direction from given coordinates."""
+  count = optax.safe_int32_increment(state.count)
+
+  def one(m, g, q, a, coordinates, error):
+    s = _strategy(c, g, a)
+    new_mu = c.b1 * m.mu + (1 - c.b1) * coordinates
+    new_nu = c.b2 * m.nu + (1 - c.b2) * coordinates**2
+    denominator = jnp.sqrt(new_nu / (1 - c.b2**count)) + c.eps
+    numerator = qh_momentum(coordinates, new_mu / (1 - c.b1**count), c.qh_nu)
+    if c.low_rank_term == "adam":
+      numerator = numerator / denominator
+    low_rank_direction = s.unproject(q, numerator)
+    matrix = routing.to_matrix(g, a).astype(jnp.float32)
+    if c.full_rank_numerator == "error_fed":
+      matrix = matrix + m.error.astype(jnp.float32)
+    direction = quasi_hyperbolic_mix(
+      matrix, low_rank_direction, denominator, c.omega, c.mu, c.full_rank_scale, side=s.side
+    )
+    leaf = routing.from_matrix(direction, a, tuple(g.shape)).astype(g.dtype)
+    return _Pair(leaf, LowRankMoments(m.basis, new_mu, new_nu, error))
+
+  trees = (updates, projected.bases, _axes_of(c, updates), projected.coordinates, projected.errors)
+  directions, moments = _unzip(map_matrices(one, state.moments, *trees))
+  return directions, state._replace(count=count, moments=moments)
+
+
+def _update(c: _Config, updates, state, params=None):
+  """Refresh when due, then project and step."""
+  del params
+  count = optax.safe_int32_increment(state.count)
+  now = _refresh_due(c, count)
+  if now is not None:
+    state = jax.lax.cond(now, lambda: _refresh(c, state, updates, first=count == 1), lambda: state)
+  return _step(c, updates, state, _project(c, updates, state))
+
+
+def _basis_options(
+  who, *, rank, side, subspace_iterations, oversample, power_iterations, **_
+) -> bases_lib.Options:
+  """The basis options, checked: ``rank`` >= 1, the sketch's sizes >= 0 (``None``:
+  the defaults of :class:`~lordo_jax.local.bases.Options`)."""
+  checks.positive_int(who, "rank", rank)
+  sketch = dict(oversample=oversample, power_iterations=power_iterations)
+  iterations = 2 if subspace_iterations is None else subspace_iterations
+  options = bases_lib.Options(
+    rank, side, iterations, **{k: v for k, v in sketch.items() if v is not None}
+  )
+  checks.positive_int(who, "oversample", options.oversample, minimum=0)
+  checks.positive_int(who, "power_iterations", options.power_iterations, minimum=0)
+  return options
+
+
+def scale_by_low_rank_adam(
+  rank: int,
+  *,
+  b1: float = 0.9,
+  b2: float = 0.999,
+  eps: float = 1e-8,
+  omega: float = 1.0,
+  mu: float = 1.0,
+  full_rank_scale: str = "scalar",
+  full_rank_numerator: str = "gradient",
+  qh_nu: float = 1.0,
+  low_rank_term: str = "adam",
+  projection: str = "svd",
+  side: str = "auto",
+  transport: str = "rotate",
+  error_feedback: bool = False,
+  error_feedback_dtype: Any = jnp.float32,
+  subspace_iterations: int | None = None,
+  refresh_every: int | None = None,
+  init_projection: str = "gradient",
+  seed: int | None = None,
+  matrix_axes: Any = None,
+  two_sided: bool = False,
+  oversample: int | None = None,
+  power_iterations: int | None = None,
+) -> LowRankAdam:
+  r"""Adam with its moments in a low-rank subspace of each matrix, plus the QH mix.
+
+  See the module docstring for the math. Every leaf this transformation sees must be
+  a matrix: route the others elsewhere with ``optax.partition`` (as
+  :func:`lordo_jax.lordo` does), or give ``matrix_axes``.
+
+  Args:
+    rank: r, the dimension of the subspace.
+    b1, b2, eps: Adam's decay rates and denominator offset.
+    omega: weight of the low-rank term in the quasi-hyperbolic mix; 1 is plain
+      low-rank Adam (GaLore).
+    mu: rescaling of the full-rank term ``G / (mu s)``.
+    full_rank_scale: ``"scalar"`` or ``"vector"``: how ``s`` is taken from D.
+    full_rank_numerator: ``"gradient"``: the full-rank term is ``G / (mu s)``;
+      ``"error_fed"``: ``(G + E) / (mu s)``, E the error buffer before this step
+      (the LoRDO authors' code; needs ``error_feedback=True``).
+    qh_nu: QHAdam inside the projection: ``L = Q ((1 - nu) c + nu u_hat) / D``;
+      1 (default) is Adam's ``Q u_hat / D``.
+    low_rank_term: ``"adam"``: L as above; ``"momentum"``: L without the division
+      by D, ``Q u_hat`` (the update the LoRDO authors' code applies; for
+      replication only, ``docs/FIDELITY.md`` point 3).
+    projection: ``"svd"``, ``"subspace_iteration"``, ``"dct"`` or
+      ``"randomized_svd"``; with ``two_sided=True``, ``"svd"`` or ``"randomized_svd"``.
+    side: ``"auto"`` (moments on the smaller dimension: left when p >= q),
+      ``"left"``, ``"right"``, or ``"galore_std"`` (moments on the larger dimension:
+      right when p > q, else left); ``"auto"`` when two-sided.
+    transport: ``"rotate"``, ``"keep"`` or ``"reset"``: moments at a refresh.
+    error_feedback: keep the residual ``E = A - Q Q^T A`` (two-sided:
+      ``A - U C V^T``) and feed it back.
+    error_feedback_dtype: dtype of E (float32, or bfloat16 for half the memory).
+    subspace_iterations: steps of warm-started subspace iteration per refresh
+      (``None``: 2).
+    refresh_every: if set, refresh the basis from the incoming gradient at steps
+      1, T + 1, 2T + 1, ...; if ``None`` only :attr:`LowRankAdam.refresh` does.
+    init_projection: the first basis: ``"gradient"`` (from the gradient of step 1),
+      ``"random"`` (orthonormal, from ``seed``; no data needed) or ``"external"``
+      (set by the caller's ``refresh(..., first=True)`` before step 1, as
+      :func:`lordo_jax.synchronize` does).
+    seed: PRNG seed of ``init_projection="random"``; the same on every worker
+      (``None``: 0).
+    matrix_axes: ``None`` (every leaf is a 2-D matrix), or ``low_rank_labels`` as
+      :mod:`lordo_jax.local._routing` describes them.
+    two_sided: project on both sides (TSR-Adam): ``r x r`` moments and messages.
+    oversample: extra sketch columns of ``randomized_svd`` (``None``: 8).
+    power_iterations: power iterations of ``randomized_svd`` (``None``: 1; each
+      costs two more products with the matrix, and two more averages when
+      distributed).
+
+  Returns:
+    A :class:`LowRankAdam`; it never communicates (low-rank DDP's
+    ``communicate="projected"`` averages between its pieces,
+    :mod:`lordo_jax.comm._projected_mean`).
+
+  Examples:
+    >>> import jax.numpy as jnp, optax, lordo_jax
+    >>> tx = lordo_jax.scale_by_low_rank_adam(rank=2, refresh_every=10)
+    >>> params = {"w": jnp.ones((8, 4))}
+    >>> state = tx.init(params)
+    >>> updates, state = tx.update({"w": jnp.arange(32.0).reshape(8, 4)}, state)
+    >>> updates["w"].shape
+    (8, 4)
+
+  References:
+    Zhao et al., GaLore, 2024 (arXiv 2403.03507); Robert et al., LDAdam, 2024
+    (arXiv 2410.16103); Jovanović et al., LoRDO, 2026 (arXiv 2602.04396); Dang et
+    al., TSR-Adam, 2026 (arXiv 2602.08007).
+  """
+  who = "scale_by_low_rank_adam"
+  integers = dict(rank=rank, subspace_iterations=subspace_iterations, refresh_every=refresh_every)
+  integers.update(seed=seed, oversample=oversample, power_iterations=power_iterations)
+  checks.static_args(who, **integers)
+  check_projection(who, projection, two_sided=two_sided, side=side, full_rank_scale=full_rank_scale)
+  check_step(
+    who,
+    side=side,
+    qh_nu=qh_nu,
+    low_rank_term=low_rank_term,
+    full_rank_numerator=full_rank_numerator,
+    error_feedback=error_feedback,
+  )
+  checks.one_of(who, "transport", transport, TRANSPORTS)
+  checks.one_of(who, "init_projection", init_projection, INIT_PROJECTIONS)
+  c = _Config(
+    rank=rank,
+    b1=b1,
+    b2=b2,
+    eps=eps,
+    omega=omega,
+    mu=mu,
+    full_rank_scale=full_rank_scale,
+    full_rank_numerator=full_rank_numerator,
+    qh_nu=qh_nu,
+    low_rank_term=low_rank_term,
+    transport=transport,
+    error_feedback=error_feedback,
+    error_feedback_dtype=error_feedback_dtype,
+    refresh_every=refresh_every,
+    init_projection=init_projection,
+    seed=0 if seed is None else seed,
+    matrix_axes=matrix_axes,
+    method=bases_lib.method(
+      projection, two_sided=two_sided, options=_basis_options(who, **integers, side=side)
+    ),
+  )
+  init = functools.partial(_init, c)
+  return LowRankAdam(
+    init=init,
+    update=state_structure.conformed(init, functools.partial(_update, c), who),
+    refresh=functools.partial(_refresh, c),
+    refresh_due=functools.partial(_refresh_due, c),
+    project=functools.partial(_project, c),
+    step=functools.partial(_step, c),
+  )

@@ -1,0 +1,158 @@
+r"""Quasi-hyperbolic terms: the full-rank mix that keeps the subspace from freezing, and QHAdam.
+
+With a global projection alone every local update lies in span(Q), so the
+pseudo-gradient does too, and its top-r subspace is span(Q) again: the projection
+never moves. LoRDO mixes a full-rank term into every update (SPEC section 3):
+
+.. math::
+  F = \frac{G}{\mu\, s}, \qquad
+  \text{direction} = (1 - \omega) F + \omega L,
+
+where :math:`L = Q (\hat u / D)` is the low-rank Adam direction,
+:math:`D = \sqrt{\hat v} + \epsilon` its denominator (``r x q``), and ``s``
+normalises ``F`` to the scale of ``L``:
+
+* ``"scalar"``: the mean of D over all its entries (one number per matrix), as in
+  the authors' experimental code;
+* ``"vector"``: the mean of D over its r rows, a ``1 x q`` row broadcast over p
+  (right case, D is ``p x r``: the mean over its r columns, a ``p x 1`` column
+  broadcast over q).
+
+:math:`\omega = 1` switches the full-rank term off (the "global projection only"
+ablation); :math:`\omega` plays the role of QHAdam's immediate-discount factor.
+G and L are the leaf's ``p x q`` matrices on either side; only D's shape and the
+axis ``s`` averages depend on the side.
+
+QHAdam's own mix (Ma & Yarats) weighs the gradient against the bias-corrected first
+moment before Adam's division, :func:`qh_momentum`:
+
+.. math::
+  \text{direction} = \frac{(1 - \nu) g + \nu \hat m}{\sqrt{\hat v} + \epsilon}
+
+:func:`scale_by_qhadam` is that on whole leaves (the full-rank path's ``full_rank_nu``
+of :func:`lordo_jax.lordo`), and :func:`lordo_jax.scale_by_low_rank_adam`'s ``qh_nu``
+is that inside the projection, with the coordinates c in place of g. :math:`\nu = 1`
+is Adam.
+"""
+
+import numbers
+
+import jax
+import jax.numpy as jnp
+import optax
+
+FULL_RANK_SCALES = ("scalar", "vector")
+
+
+def full_rank_scale(denominator: jax.Array, kind: str, side: str = "left") -> jax.Array:
+  """``s``: the mean of the denominator D, a scalar, or the mean over its rank axis.
+
+  ``side="left"``: D is ``r x q`` and the vector ``s`` a ``1 x q`` row;
+  ``side="right"``: D is ``p x r`` and the vector ``s`` a ``p x 1`` column.
+  """
+  if kind == "scalar":
+    return jnp.mean(denominator)
+  if kind == "vector":
+    return jnp.mean(denominator, axis=0 if side == "left" else 1, keepdims=True)
+  raise ValueError(f"full_rank_scale={kind!r} is not one of {FULL_RANK_SCALES}.")
+
+
+def quasi_hyperbolic_mix(
+  gradient: jax.Array,
+  low_rank_direction: jax.Array,
+  denominator: jax.Array,
+  omega,
+  mu,
+  kind: str,
+  *,
+  side: str = "left",
+) -> jax.Array:
+  r"""``(1 - omega) G / (mu s) + omega L`` for one matrix.
+
+  Args:
+    gradient: G, ``p x q``, float32.
+    low_rank_direction: L, ``p x q``.
+    denominator: D, ``r x q`` (left case) or ``p x r`` (right case).
+    omega: weight of the low-rank term, in [0, 1].
+    mu: rescaling of the full-rank term.
+    kind: ``"scalar"`` or ``"vector"`` (how ``s`` is taken from D).
+    side: ``"left"`` or ``"right"``: which axis of D is the rank axis.
+
+  Returns:
+    The ``p x q`` direction.
+  """
+  if isinstance(omega, (int, float)) and omega == 1:
+    return low_rank_direction
+  scale = full_rank_scale(denominator, kind, side)
+  return (1 - omega) * (gradient / (mu * scale)) + omega * low_rank_direction
+
+
+def qh_momentum(gradient: jax.Array, first_moment: jax.Array, nu) -> jax.Array:
+  r"""QHAdam's numerator :math:`(1 - \nu) g + \nu \hat m`; ``first_moment`` itself when nu is 1.
+
+  Args:
+    gradient: g (or the low-rank coordinates c).
+    first_moment: :math:`\hat m`, the bias-corrected first moment, shaped like g.
+    nu: the weight of the first moment, in [0, 1] (a number or an array).
+
+  Returns:
+    The numerator, shaped like g.
+  """
+  if isinstance(nu, numbers.Real) and nu == 1:
+    return first_moment
+  return (1 - nu) * gradient + nu * first_moment
+
+
+def scale_by_qhadam(
+  b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8, nu: float = 0.7
+) -> optax.GradientTransformation:
+  r"""QHAdam: Adam whose numerator mixes the gradient with the first moment.
+
+  .. math::
+    m \leftarrow \beta_1 m + (1 - \beta_1) g, \quad
+    v \leftarrow \beta_2 v + (1 - \beta_2) g^2, \quad
+    \text{direction} = \frac{(1 - \nu) g + \nu\, m / (1 - \beta_1^t)}
+      {\sqrt{v / (1 - \beta_2^t)} + \epsilon}
+
+  :math:`\nu = 1` is ``optax.scale_by_adam``. The state is an
+  ``optax.ScaleByAdamState``, so :func:`lordo_jax.synchronize` averages its moments
+  as it does Adam's.
+
+  Args:
+    b1, b2, eps: Adam's decay rates and denominator offset.
+    nu: QHAdam's immediate discount :math:`\nu`, the weight of the first moment.
+
+  Returns:
+    An ``optax.GradientTransformation``.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from lordo_jax.local import _quasi_hyperbolic as quasi_hyperbolic
+    >>> tx = quasi_hyperbolic.scale_by_qhadam(nu=0.5)
+    >>> grads = {"b": jnp.array([1.0, -2.0])}
+    >>> updates, state = tx.update(grads, tx.init(grads))
+    >>> updates["b"].round(4)  # step 1: m_hat = g, sqrt(v_hat) = |g|
+    Array([ 1., -1.], dtype=float32)
+
+  References:
+    Ma & Yarats, `Quasi-hyperbolic momentum and Adam for deep learning
+    <https://arxiv.org/abs/1810.06801>`_, ICLR 2019.
+  """
+
+  def init_fn(params):
+    zeros = optax.tree.zeros_like(params)
+    return optax.ScaleByAdamState(count=jnp.zeros([], jnp.int32), mu=zeros, nu=zeros)
+
+  def update_fn(updates, state, params=None):
+    del params
+    first = optax.tree.update_moment(updates, state.mu, b1, 1)
+    second = optax.tree.update_moment_per_elem_norm(updates, state.nu, b2, 2)
+    count = optax.safe_int32_increment(state.count)
+    first_hat = optax.tree.bias_correction(first, b1, count)
+    second_hat = optax.tree.bias_correction(second, b2, count)
+    directions = jax.tree.map(
+      lambda g, m, v: qh_momentum(g, m, nu) / (jnp.sqrt(v) + eps), updates, first_hat, second_hat
+    )
+    return directions, optax.ScaleByAdamState(count=count, mu=first, nu=second)
+
+  return optax.GradientTransformation(init_fn, update_fn)

@@ -1,0 +1,118 @@
+r"""One-sided randomized SVD: Q from a Gaussian sketch, the range finder's l columns
+cut to the r that matter.
+
+For the left case (Q is ``p x r``), with the range finder of
+:func:`lordo_jax.local.bases.randomized_svd.ranges` (a ``q x l`` sketch :math:`\Omega`,
+:math:`l = r + \text{oversample}` capped at :math:`\min(p, q)`, k power iterations):
+
+.. math::
+  Y = X \Omega,\ Q_l = \mathrm{qr}(Y); \quad
+  \text{k times: } Q_l = \mathrm{qr}(X\, \mathrm{qr}(X^\top Q_l)); \quad
+  B = Q_l^\top X = U_B \Sigma V_B^\top, \quad Q = Q_l U_B[:, :r]
+
+with canonical signs. The right case (Q is ``q x r``) is the left case of
+:math:`X^\top`: a ``p x l`` sketch, :math:`Y = X^\top \Omega`, and
+:math:`B = Q_l^\top X^\top = (X Q_l)^\top` (formed as :math:`X Q_l`, never
+transposing X). Q approximates the top-r singular vectors of X, exactly when X has
+rank at most l; cost :math:`O(pql)` per pass against an SVD's :math:`O(pq\min(p, q))`.
+
+:math:`U_B` comes from the SVD of the core B itself, not from the eigenvectors of its
+``l x l`` Gram :math:`B B^\top`: the Gram squares the singular values, so in float32
+its top-r eigenvectors would err by about
+:math:`\epsilon\,\sigma_1^2 / (\sigma_r^2 - \sigma_{r+1}^2)` instead of
+:math:`\epsilon\,\sigma_1 / (\sigma_r - \sigma_{r+1})`, a factor
+:math:`\sigma_1 / (\sigma_r + \sigma_{r+1})` worse. B is only ``l x q`` (``l x p`` on
+the right), so where X is split over a worker group's ``Explicit`` mesh axes,
+gathering B for its SVD is cheap. Every product with X goes through
+:func:`lordo_jax.local.bases.layout.product` and every ``n x l`` factor through
+:func:`lordo_jax.local.bases.layout.orthonormal` (shifted Cholesky-QR when split by rows, which
+needs the factor well conditioned: a failed refresh keeps the previous basis), so
+nothing ``p x q`` is gathered.
+
+Every product with X is linear in X: the bases of the workers' mean matrix come from
+the workers' averaged products (:func:`one_sided_bases` with a ``mean``), ``n x l``
+messages instead of the ``p x q`` matrix, as for the two-sided method.
+
+References:
+  Halko, Martinsson and Tropp, Finding structure with randomness, 2011
+  (arXiv 0909.4061), algorithms 4.4 and 5.1.
+"""
+
+import jax
+import jax.numpy as jnp
+
+from lordo_jax.local.bases import layout
+from lordo_jax.local.bases import one_sided
+from lordo_jax.local.bases import randomized_svd
+from lordo_jax.local.bases import strategy as strategy_lib
+
+
+def one_sided_bases(
+  matrices: list[jax.Array],
+  rank: int,
+  keys: list[jax.Array],
+  lefts: list[bool],
+  *,
+  oversample: int,
+  power_iterations: int,
+  mean: strategy_lib.Mean = lambda xs: xs,
+) -> list[jax.Array]:
+  """One-sided randomized SVD bases of several matrices at once (the module docstring).
+
+  Args:
+    matrices: ``p x q`` matrices (each worker's own, when ``mean`` averages).
+    rank: r.
+    keys: one PRNG key per matrix, the same on every worker.
+    lefts: per matrix, whether Q is ``p x r`` (left) or ``q x r`` (right).
+    oversample: extra sketch columns, l = r + oversample.
+    power_iterations: k.
+    mean: applied to each list of products with the matrices, e.g. a counted
+      ``pmean`` over the workers; the identity (default) takes the bases of the
+      matrices themselves. One call per pass, so all matrices share each message.
+
+  Returns:
+    One float32 Q per matrix, canonical signs (not yet checked for finiteness).
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> column = jnp.arange(1.0, 7.0)
+    >>> x = jnp.outer(column, jnp.ones(4))  # rank 1: Q is the normalised column
+    >>> keys = [jax.random.key(0)]
+    >>> (q,) = one_sided_bases([x], 1, keys, [True], oversample=2, power_iterations=1)
+    >>> bool(jnp.allclose(q[:, 0], column / jnp.linalg.norm(column), atol=1e-5))
+    True
+  """
+  xs = [x.astype(jnp.float32) for x in matrices]
+  sketched = dict(rank=rank, oversample=oversample, power_iterations=power_iterations, mean=mean)
+  qs = randomized_svd.ranges(xs, keys, lefts, **sketched)
+  # The transposed core B^T = X^T Q_l (left) or X Q_l (right), n' x l: its right
+  # singular vectors are U_B.
+  transposed_cores = mean(
+    [randomized_svd.times(x, q, not left) for x, q, left in zip(xs, qs, lefts, strict=True)]
+  )
+  bases = []
+  for q, core in zip(qs, transposed_cores, strict=True):
+    vh = jnp.linalg.svd(layout.whole(core), full_matrices=False)[2]  # Gathers n' x l at most.
+    bases.append(strategy_lib.canonical_signs(q @ vh[:rank].T))
+  return bases
+
+
+def method(options: strategy_lib.Options) -> strategy_lib.Method:
+  """The one-sided randomized-SVD :class:`~lordo_jax.local.bases.strategy.Method`."""
+  sketched = dict(oversample=options.oversample, power_iterations=options.power_iterations)
+
+  def compute(left: bool):
+    def compute_fn(x, previous, key):
+      (basis,) = one_sided_bases([x], options.rank, [key], [left], **sketched)
+      return strategy_lib.checked(basis, previous)
+
+    return compute_fn
+
+  def bases_of_mean(strategies, matrices, previous, keys, first, mean):
+    """The bases of the mean, from averaged products; the first is like any other."""
+    del first
+    lefts = [s.side == "left" for s in strategies]
+    bases = one_sided_bases(matrices, options.rank, keys, lefts, mean=mean, **sketched)
+    return [strategy_lib.checked(b, p) for b, p in zip(bases, previous, strict=True)]
+
+  return one_sided.dense_method(options, compute)._replace(bases_of_mean=bases_of_mean)

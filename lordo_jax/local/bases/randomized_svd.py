@@ -1,0 +1,157 @@
+r"""Randomized SVD (Halko, Martinsson and Tropp, 2011): bases from sketches.
+
+With a Gaussian sketch :math:`\Omega` (``q x l``, :math:`l = r + \text{oversample}`
+capped at :math:`\min(p, q)`, drawn from a key that every worker derives alike from
+the seed and the step), the range finder of :func:`ranges` is
+
+.. math::
+  Y = X \Omega,\ Q = \mathrm{qr}(Y); \quad
+  \text{repeat } k \text{ times: } Q = \mathrm{qr}(X\, \mathrm{qr}(X^\top Q))
+
+(the right case is the left case of :math:`X^\top`, from a ``p x l`` sketch). The
+two-sided bases of this module are then, from the ``l x q`` core,
+
+.. math::
+  B = Q^\top X = U_B \Sigma V_B^\top, \quad U = Q U_B[:, :r],\ V = V_B[:, :r];
+
+:mod:`lordo_jax.local.bases.one_sided_randomized_svd` keeps the one side.
+
+Each product with X is linear in X, so when every worker holds its own
+:math:`X_m` and the refresh needs the mean, averaging the products (``p x l`` and
+``l x q`` messages) gives exactly the sketch of the mean: no worker ever sends its
+``p x q`` matrix. :func:`randomized_bases` takes the averaging as its ``mean``
+argument, and is this method's :attr:`~lordo_jax.local.bases.strategy.Method.bases_of_mean`.
+
+Nothing ``p x q`` is gathered either when X is split over a worker group's
+``Explicit`` mesh axes: every product with X is :func:`lordo_jax.local.bases.layout.product`
+(a split inner dimension summed inside the group), every ``n x l`` factor is
+orthonormalised by :func:`lordo_jax.local.bases.layout.orthonormal` (shifted Cholesky-QR when it is
+split by rows), and only the ``l x q`` core is made whole for its SVD.
+
+References:
+  Halko, Martinsson and Tropp, Finding structure with randomness, 2011
+  (arXiv 0909.4061).
+"""
+
+import jax
+import jax.numpy as jnp
+
+from lordo_jax.local.bases import layout
+from lordo_jax.local.bases import strategy as strategy_lib
+from lordo_jax.local.bases import two_sided
+
+
+def sketch_width(shape: tuple[int, int], rank: int, oversample: int) -> int:
+  """l = r + oversample, at most min(p, q)."""
+  return min(rank + oversample, *shape)
+
+
+def times(x: jax.Array, y: jax.Array, left: bool) -> jax.Array:
+  """:math:`X Y` (``left``) or :math:`X^\\top Y`, never gathering a split X."""
+  return layout.product(x, y) if left else layout.product(x.T, y)
+
+
+def ranges(
+  matrices: list[jax.Array],
+  keys: list[jax.Array],
+  lefts: list[bool],
+  *,
+  rank: int,
+  oversample: int,
+  power_iterations: int,
+  mean: strategy_lib.Mean,
+) -> list[jax.Array]:
+  r"""The range finder of the module docstring: an orthonormal ``n x l`` Q per matrix.
+
+  Args:
+    matrices: float32 ``p x q`` matrices.
+    keys: one PRNG key per matrix; it draws the sketch :math:`\Omega`.
+    lefts: per matrix, whether Q spans the range of X (``n = p``, the sketch is
+      ``q x l``) or of :math:`X^\top` (``n = q``, the sketch is ``p x l``).
+    rank, oversample: ``l = min(rank + oversample, p, q)``.
+    power_iterations: k.
+    mean: applied to each list of products with the matrices (one call per pass).
+
+  Returns:
+    One Q per matrix, split by rows where the products are.
+  """
+
+  def sketch(x: jax.Array, key: jax.Array, left: bool) -> jax.Array:
+    """Omega: Gaussian, ``q x l`` on the left, ``p x l`` on the right."""
+    width = sketch_width(x.shape, rank, oversample)
+    return jax.random.normal(key, (x.shape[1] if left else x.shape[0], width), jnp.float32)
+
+  def orthonormal_products(factors: list[jax.Array], flip: bool) -> list[jax.Array]:
+    """orth(mean(X F)) per matrix on the left, orth(mean(X^T F)) on the right (or,
+    with ``flip``, the other way round)."""
+    pairs = zip(matrices, factors, lefts, strict=True)
+    return [
+      layout.orthonormal(y) for y in mean([times(x, f, left != flip) for x, f, left in pairs])
+    ]
+
+  sketches = [sketch(x, key, left) for x, key, left in zip(matrices, keys, lefts, strict=True)]
+  qs = orthonormal_products(sketches, False)
+  for _ in range(power_iterations):
+    qs = orthonormal_products(orthonormal_products(qs, True), False)
+  return qs
+
+
+def randomized_bases(
+  matrices: list[jax.Array],
+  rank: int,
+  keys: list[jax.Array],
+  *,
+  oversample: int,
+  power_iterations: int,
+  mean: strategy_lib.Mean = lambda xs: xs,
+) -> list[two_sided.TwoSidedBasis]:
+  """Randomized SVD bases of several matrices at once (see the module docstring).
+
+  Args:
+    matrices: ``p x q`` matrices (each worker's own, when ``mean`` averages).
+    rank: r.
+    keys: one PRNG key per matrix, the same on every worker.
+    oversample: extra sketch columns, l = r + oversample.
+    power_iterations: k, passes of :math:`X X^\\top` over the range.
+    mean: applied to each list of products with the matrices, e.g. a counted
+      ``pmean`` over the workers; the identity (default) takes the bases of the
+      matrices themselves. One call per pass, so all matrices share each message.
+
+  Returns:
+    One :class:`~lordo_jax.local.bases.two_sided.TwoSidedBasis` per matrix (not yet
+    checked for finiteness).
+  """
+  xs = [x.astype(jnp.float32) for x in matrices]
+  sketched = dict(rank=rank, oversample=oversample, power_iterations=power_iterations, mean=mean)
+  qs = ranges(xs, keys, [True] * len(xs), **sketched)
+  cores = mean([layout.product(q.T, x) for x, q in zip(xs, qs, strict=True)])
+  bases = []
+  for q, b in zip(qs, cores, strict=True):
+    u, _, vh = jnp.linalg.svd(layout.whole(b), full_matrices=False)  # l x q: small.
+    bases.append(
+      two_sided.TwoSidedBasis(
+        strategy_lib.canonical_signs(q @ u[:, :rank]),
+        strategy_lib.canonical_signs(vh[:rank].T),
+      )
+    )
+  return bases
+
+
+def method(options: strategy_lib.Options) -> strategy_lib.Method:
+  """The two-sided randomized-SVD :class:`~lordo_jax.local.bases.strategy.Method`."""
+  sketched = dict(oversample=options.oversample, power_iterations=options.power_iterations)
+
+  def compute(x, previous, key):
+    (basis,) = randomized_bases([x], options.rank, [key], **sketched)
+    return strategy_lib.checked(basis, previous)
+
+  def make(p: int, q: int) -> strategy_lib.BasisStrategy:
+    return two_sided.strategy(p, q, options.rank, compute)
+
+  def bases_of_mean(strategies, matrices, previous, keys, first, mean):
+    """The bases of the mean, from averaged sketches; the first is like any other."""
+    del strategies, first
+    bases = randomized_bases(matrices, options.rank, keys, mean=mean, **sketched)
+    return [strategy_lib.checked(b, p) for b, p in zip(bases, previous, strict=True)]
+
+  return strategy_lib.Method(make, bases_of_mean)

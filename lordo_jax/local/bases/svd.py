@@ -1,0 +1,39 @@
+r"""One-sided SVD: Q is the first r singular vectors of X on the projected side.
+
+.. math::
+  X = U \Sigma V^\top, \qquad Q = U_{:, :r} \ \text{(left)}, \quad Q = V_{:, :r}
+  \ \text{(right)}
+
+ordered by singular value, with canonical signs, in float32 whatever the
+parameter dtype. The right case takes the right singular vectors of X itself, not
+the left ones of its transpose (a transpose inside the caller's sync branch made XLA
+copy whole matrices on every local step).
+"""
+
+import jax
+import jax.numpy as jnp
+
+from lordo_jax.local.bases import layout
+from lordo_jax.local.bases import one_sided
+from lordo_jax.local.bases import strategy as strategy_lib
+
+
+def top_singular_vectors(x: jax.Array, rank: int, left: bool) -> jax.Array:
+  """The first ``rank`` left (or right) singular vectors of ``x``, canonical signs."""
+  u, _, vh = jnp.linalg.svd(layout.whole(x), full_matrices=False)  # Gathers a split x.
+  return strategy_lib.canonical_signs(u[:, :rank] if left else vh[:rank].T)
+
+
+def compute(rank: int, left: bool):
+  """``compute(x, previous, key) -> (Q, ok)`` of the SVD on one side."""
+
+  def compute_fn(x, previous, key):
+    del key
+    return strategy_lib.checked(top_singular_vectors(x.astype(jnp.float32), rank, left), previous)
+
+  return compute_fn
+
+
+def method(options: strategy_lib.Options) -> strategy_lib.Method:
+  """The one-sided SVD :class:`~lordo_jax.local.bases.strategy.Method`."""
+  return one_sided.dense_method(options, lambda left: compute(options.rank, left))

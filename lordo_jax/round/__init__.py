@@ -1,0 +1,16 @@
+"""The K-step round: local steps, and a synchronisation at the end of every round.
+
+:func:`synchronize` wraps a local optimizer; its parts are a module each: when a
+round ends (``_periods``: ``sync_every`` as an int, a function or the quadratic rule;
+``_schedule``: which fragments sync at a step), how messages are averaged
+(``_averaging``), the pseudo-gradient and outer step (``_outer_step``), the moments
+(``_moment_averaging``), the bases (``_basis_refresh``), failed workers
+(``_faults``) and host offload (``_offload``).
+"""
+
+from lordo_jax.round._periods import quadratic_sync_rule
+from lordo_jax.round._periods import sync_steps
+from lordo_jax.round._synchronize import SynchronizeState
+from lordo_jax.round._synchronize import synchronize
+
+__all__ = ["SynchronizeState", "quadratic_sync_rule", "sync_steps", "synchronize"]

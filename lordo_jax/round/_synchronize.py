@@ -1,0 +1,435 @@
+r"""Infrequent synchronisation: the K-step round of SPEC section 4.
+
+:func:`synchronize` wraps a local optimizer. Every step it applies the local
+optimizer; at the end of every round (step :math:`t` with :math:`t \bmod K = 0` for
+an int ``sync_every``) it also
+
+1. forms the pseudo-gradient :math:`\Delta_m = \text{anchor} - \theta_m`, where
+   :math:`\theta_m` is this worker's parameters after its local step;
+2. averages it, :math:`\Delta = \mathrm{pmean}_m(\Delta_m)` (the one full-size
+   message of the round);
+3. takes the outer step :math:`\theta = \text{anchor} + \text{outer}(\Delta)`, with
+   :math:`\text{outer}(\Delta)` the outer optimizer's update, and sets the anchor to
+   :math:`\theta` (default outer ``optax.sgd(1.0)``, whose update is :math:`-\Delta`:
+   :math:`\theta` is the mean of the workers' parameters);
+4. averages the optimizer moments (low-rank ones, ``r x q``, and the full-rank
+   path's Adam moments) every ``first_moment_every`` / ``second_moment_every`` syncs;
+5. refreshes every low-rank basis from :math:`\Delta` (identical on every worker, so
+   the subspace is shared for free) and transports the moments into it;
+6. returns :math:`\theta - \text{params}` as the update, so that
+   ``optax.apply_updates`` lands every worker on :math:`\theta`.
+
+Before the first step with ``init_projection="gradient"`` the first gradient is
+averaged (one counted full-size message) and every basis is computed from it.
+
+Beyond the paper, three options change how a round communicates:
+
+* ``compression="bfloat16" | "int8"``: every message is sent compressed
+  (:func:`lordo_jax.comm._collectives.counted_mean`); the pseudo-gradient with per-worker
+  error feedback of what the rounding lost (:attr:`SynchronizeState.residual`), so
+  nothing is lost over time; the moments without (each sync replaces them by their
+  average, so there is nothing to feed a residual into), and in bfloat16 when the
+  pseudo-gradient goes in int8 (:data:`lordo_jax.comm._compression.MOMENT_CODECS`).
+* ``fragments=F`` (streaming, as in Streaming DiLoCo): the parameters are cut into F
+  fragments that sync at staggered steps of the round, fragment f at the steps
+  :math:`t \equiv o_f \pmod K` (:func:`lordo_jax.round._periods.fragment_offsets`). Each
+  fragment has its own outer-optimizer state; its moments are averaged and its bases
+  refreshed at its own syncs. Every leaf still syncs once per K steps, so the total
+  sent is unchanged and the largest message is about 1/F of the model.
+* ``sync_every`` a function of the step (:mod:`lordo_jax.round._periods`), such as the
+  Quadratic Synchronization Rule: rounds of varying length, with no recompilation.
+
+All collectives go through :mod:`lordo_jax.comm._collectives`, inside ``lax.cond``
+branches, so nothing is sent or computed for the round on other steps.
+
+Cost of a local step: the update is ``where(synced now, anchor - params, local
+update)``, leaf by leaf, outside the round's ``lax.cond``, and the sync branch
+recomputes the local step it needs for the pseudo-gradient instead of taking it as an
+operand. A conditional's operands and results are materialised buffers, so carrying
+the local update through it made every local step write the full-size update out and
+read it back, and kept ``optax.apply_updates`` from fusing with the local step (on CPU
+a third of a local step on a 768 x 3072 matrix, ``benchmarks/step_speed.py``). The
+price is one more local step inside each sync step, and the inner optimizer must be
+local (no collectives), as every chain in this library is.
+
+Each part of the round is a module of its own: when it ends
+(:mod:`lordo_jax.round._schedule`), how messages are averaged
+(:mod:`lordo_jax.round._averaging`, a strategy chosen once from ``fault_tolerant`` and
+``compression``), steps 1 and 3 (:mod:`lordo_jax.round._outer_step`), step 4
+(:mod:`lordo_jax.round._moment_averaging`), step 5 and the initial projection
+(:mod:`lordo_jax.round._basis_refresh`), and the skipped steps and counts of
+``fault_tolerant=True`` (:mod:`lordo_jax.round._faults`).
+"""
+
+import functools
+from typing import Any
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from lordo_jax import _checks as checks
+from lordo_jax import _tree_structure as state_structure
+from lordo_jax.comm import _collectives as collectives
+from lordo_jax.comm import _compression as compression_lib
+from lordo_jax.local import _low_rank_adam as low_rank_lib
+from lordo_jax.round import _averaging as averaging_lib
+from lordo_jax.round import _basis_refresh as basis_refresh
+from lordo_jax.round import _faults as faults_lib
+from lordo_jax.round import _moment_averaging as moment_averaging
+from lordo_jax.round import _offload as offload_lib
+from lordo_jax.round import _outer_step as outer_lib
+from lordo_jax.round import _periods as schedules
+from lordo_jax.round import _schedule as round_schedule
+from lordo_jax.round._faults import FaultCounts
+
+PROJECTION_SOURCES = tuple(basis_refresh.SOURCES)
+
+
+class SynchronizeState(NamedTuple):
+  """State of :func:`synchronize`."""
+
+  count: jax.Array  # int32 scalar: steps taken.
+  inner_state: Any  # The local optimizer's state.
+  anchor: Any  # Params at the last sync, the same on every worker (host-offloadable).
+  outer_state: tuple  # The outer optimizer's state, one per fragment (host-offloadable).
+  ledger: collectives.Ledger  # What this wrapper has all-reduced since init.
+  faults: FaultCounts  # Workers left out of syncs (fault_tolerant=True).
+  syncs: jax.Array  # int32[F]: syncs completed, per fragment.
+  next_sync: jax.Array  # int32 scalar: the step that ends the current round.
+  residual: Any  # float32 like params: compression error feedback; () without compression.
+
+
+class _Round(NamedTuple):
+  """The parts of a round, chosen once from :func:`synchronize`'s options."""
+
+  inner: optax.GradientTransformationExtraArgs  # The local optimizer.
+  outer: optax.GradientTransformation  # The outer optimizer, float32 state.
+  sync_every: schedules.SyncPeriod  # K, or a period function of the step.
+  fragments: Any  # F, or a function of the params giving each leaf's fragment.
+  averaging: averaging_lib.Averaging  # How messages are averaged; who is present.
+  moment_groups: list  # [(period, fields)]: the moments averaged together.
+  refresh: basis_refresh.BasisRefresh  # What happens to the low-rank bases.
+  axis_name: str | None  # The worker axis.
+  offload: bool  # Anchor, outer state and residual in host memory between syncs.
+
+
+def _check_options(name, sync_every, fragments, compression, fault_tolerant, moment_periods):
+  """The round's options, checked; returns ``fragments`` (``None`` is 1). A sync rule
+  whose first round never ends warns."""
+  first, second = moment_periods
+  checks.static_args(
+    name,
+    sync_every=sync_every,
+    fragments=fragments,
+    first_moment_every=first,
+    second_moment_every=second,
+  )
+  fragments = 1 if fragments is None else fragments
+  schedules.warn_if_first_round_never_ends(sync_every, name)
+  if not callable(sync_every):
+    checks.positive_int(name, "sync_every", sync_every)
+  if compression is not None:
+    checks.one_of(name, "compression", compression, (None, *compression_lib.CODECS))
+  if callable(fragments):
+    streaming = True
+  else:
+    checks.positive_int(name, "fragments", fragments)
+    streaming = fragments > 1
+  if streaming and callable(sync_every):
+    raise ValueError(
+      f"{name}: fragments={fragments!r} staggers the fragments' syncs over a fixed "
+      "round, but sync_every is a function of the step; use an int sync_every with "
+      "fragments, or fragments=1 with a schedule."
+    )
+  if isinstance(fragments, int) and not callable(sync_every) and fragments > sync_every:
+    raise ValueError(
+      f"{name}: fragments={fragments} is not accepted with sync_every={sync_every}; "
+      f"expected at most {sync_every} fragments (each syncs at its own step of the "
+      "round)."
+    )
+  if fault_tolerant and (streaming or compression is not None):
+    raise ValueError(
+      f"{name}: fault_tolerant=True is not available with fragments={fragments!r} or "
+      f"compression={compression!r}; use fragments=1 and compression=None to leave "
+      "failed workers out of the averages."
+    )
+  return fragments
+
+
+def synchronize(
+  inner: optax.GradientTransformation,
+  *,
+  sync_every: schedules.SyncPeriod,
+  axis_name: str | None = None,
+  outer_optimizer: optax.GradientTransformation | None = None,
+  first_moment_every: int | None = 1,
+  second_moment_every: int | None = 1,
+  low_rank: low_rank_lib.LowRankAdam | None = None,
+  init_projection: str | None = "gradient",
+  projection_source: str = "pseudo_gradient",
+  fault_tolerant: bool = False,
+  compression: str | None = None,
+  fragments: Any = None,
+  offload: bool = False,
+  name: str = "synchronize",
+) -> optax.GradientTransformationExtraArgs:
+  r"""Local steps with ``inner``, a synchronisation at the end of every round.
+
+  See the module docstring for the round. The update needs ``params``. It must be the
+  last transformation that changes the update: at a sync the update lands every
+  worker on the synchronised parameters, and a transformation chained after it would
+  make the workers part (:func:`lordo_jax.worker_disagreement` shows it).
+
+  With ``fault_tolerant=True`` a worker can drop out of a round without harming the
+  others. A local step whose gradient is not finite is skipped (zero update, local
+  state unchanged) and marks the worker failed for the round; the caller can also
+  mark it absent with the extra argument ``update(..., worker_present=False)``. At
+  the sync, the pseudo-gradient and the moments are averaged over the workers that
+  are present (not failed, not marked absent, finite pseudo-gradient); every worker,
+  absent ones included, then takes the synchronised parameters, moments and bases.
+  If no worker is present the sync keeps the anchor, the outer state and the bases.
+  :attr:`SynchronizeState.faults` counts both. The cost is one float32 scalar more
+  per averaged message (the presence weight), which the ledger counts.
+
+  Args:
+    inner: the local optimizer (it produces the per-step update, learning rate
+      included). Its Adam-like states (``optax.ScaleByAdamState`` and
+      :class:`~lordo_jax.local._low_rank_adam.LowRankAdamState`) are what gets averaged. It
+      must not communicate: a sync step runs it twice (see the module docstring).
+    sync_every: K, steps per round; or a function of the step giving each round's
+      length (:mod:`lordo_jax.round._periods`, e.g. :func:`lordo_jax.quadratic_sync_rule`).
+    axis_name: the worker axis (``shard_map`` mesh axis or ``pmap`` axis name);
+      ``None`` for a single worker, where every collective is the identity.
+    outer_optimizer: the optax transformation applied to the averaged
+      pseudo-gradient, with the anchor as params. ``None`` is plain averaging
+      (``optax.sgd(1.0)``); DiLoCo uses ``optax.sgd(0.7, momentum=0.9,
+      nesterov=True)``.
+    first_moment_every: average the first moments every this many syncs (``None``:
+      never).
+    second_moment_every: the same for the second moments.
+    low_rank: the :class:`~lordo_jax.local._low_rank_adam.LowRankAdam` inside ``inner``, if
+      any: its bases are refreshed at every sync.
+    init_projection: ``"gradient"``: before step 1 the first gradient is averaged
+      and the bases are computed from it; ``None``: ``low_rank`` sets its own first
+      basis.
+    projection_source: ``"pseudo_gradient"`` (the averaged :math:`\Delta`, shared by
+      all workers) or ``"local_gradient"`` (each worker's own gradient of the sync
+      step, no message; the bases then differ between workers, so moments should
+      not be averaged).
+    fault_tolerant: leave failed or absent workers out of the averages (see above).
+    compression: ``None`` (messages in the dtype of what is sent), ``"bfloat16"`` or
+      ``"int8"`` (per-row scales), with error feedback of the pseudo-gradient; with
+      ``"int8"`` the moments go in bfloat16.
+    fragments: F, the number of fragments synced at staggered steps (streaming),
+      at most K; or a function of the params returning a tree of fragment indices
+      (:func:`lordo_jax.round._periods.fragment_labels`). ``None`` (default) or 1: no
+      streaming. A Python value, fixed when the optimizer is built (inside
+      ``optax.inject_hyperparams``, list it in ``static_args``).
+    offload: keep the anchor, the outer optimizer's state and the compression
+      residual in host memory (``pinned_host``) between syncs, moved to the device
+      only inside the sync branch (:mod:`lordo_jax.round._offload`); bit-identical results.
+      Needs ``jit`` or ``shard_map`` (``pmap`` keeps every output on the device).
+    name: how errors name this transformation.
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs``; extra args other than
+    ``worker_present`` go to ``inner``.
+
+  Examples:
+    >>> import jax.numpy as jnp, optax, lordo_jax
+    >>> tx = lordo_jax.synchronize(optax.adamw(1e-3), sync_every=4)
+    >>> params = {"w": jnp.ones((3, 2))}
+    >>> state = tx.init(params)
+    >>> updates, state = tx.update({"w": jnp.ones((3, 2))}, state, params)
+
+  References:
+    Douillard et al., DiLoCo, 2023 (arXiv 2311.08105); Iacob et al., DES-LOC, 2025
+    (arXiv 2505.22549); Jovanović et al., LoRDO, 2026 (arXiv 2602.04396); Douillard
+    et al., Streaming DiLoCo, 2025 (arXiv 2501.18512).
+  """
+  moment_periods = (first_moment_every, second_moment_every)
+  fragments = _check_options(
+    name, sync_every, fragments, compression, fault_tolerant, moment_periods
+  )
+  checks.one_of(name, "projection_source", projection_source, PROJECTION_SOURCES)
+  checks.one_of(name, "offload", offload, (False, True))
+  averaging = averaging_lib.choose(
+    axis_name, fault_tolerant=fault_tolerant, compression=compression
+  )
+  parts = _Round(
+    inner=optax.with_extra_args_support(inner),
+    outer=outer_lib.outer_transform(outer_optimizer),
+    sync_every=sync_every,
+    fragments=fragments,
+    averaging=averaging,
+    moment_groups=moment_averaging.moment_groups(first_moment_every, second_moment_every),
+    refresh=basis_refresh.choose(low_rank, init_projection, projection_source, averaging.mean),
+    axis_name=axis_name,
+    offload=bool(offload),
+  )
+
+  def update_fn(grads, state, params=None, *, worker_present=True, **extra_args):
+    _check_update(name, params, axis_name, fault_tolerant, worker_present)
+    if parts.offload:  # A state placed in device memory (device_put of init) moves now.
+      state = _placed(state, offload_lib.to_host)
+    count = optax.safe_int32_increment(state.count)
+    present = jnp.asarray(worker_present, jnp.bool_)
+    inner_state, ledger = parts.refresh.before_first_step(
+      count, grads, state.inner_state, state.ledger, averaging.admit(present, grads)
+    )
+    state = state._replace(inner_state=inner_state, ledger=ledger)
+
+    def local_step():
+      """(local updates, inner state, faults) of this step's local optimizer step."""
+      updates, inner_state = parts.inner.update(grads, state.inner_state, params, **extra_args)
+      return averaging.guard_step(grads, updates, inner_state, state.inner_state, state.faults)
+
+    local_updates, inner_state, faults = local_step()
+    present = present & faults.round_ok  # A worker that failed a step this round is absent.
+    masks = round_schedule.fragment_masks(params, fragments)
+    predicates = round_schedule.sync_predicates(sync_every, len(masks), count, state.next_sync)
+    new_state = state._replace(count=count, inner_state=inner_state, faults=faults)
+    sync = functools.partial(_sync_fragment, parts, grads=grads, params=params, present=present)
+    # The branch recomputes the local updates: see "Cost of a local step" above.
+    new_state, anchor = _end_rounds(
+      parts.offload,
+      lambda f, keep, s: sync(f, keep, s, local_updates=local_step()[0]),
+      zip(masks, predicates, strict=True),
+      new_state,
+      params,
+    )
+    # 6. Synchronised leaves land on the anchor, the others take their local step.
+    updates = jax.tree.map(
+      _landing, round_schedule.synced_now(params, masks, predicates), anchor, params, local_updates
+    )
+    next_sync = round_schedule.next_sync(sync_every, count, state.next_sync, predicates[-1])
+    return updates, new_state._replace(next_sync=next_sync)
+
+  init_fn = functools.partial(_init, parts)
+  return optax.GradientTransformationExtraArgs(
+    init_fn, state_structure.conformed(init_fn, update_fn, name)
+  )
+
+
+def _end_rounds(offload, sync, rounds, state, params):
+  """Each fragment's ``sync(f, keep, state)`` where its round ends (a ``lax.cond``).
+
+  Returns the state and the anchor step 6 lands on, on the device. With offload the
+  state's anchor is in host memory, so the one returned is the synchronised one the
+  sync branch leaves on the device, and a do-nothing buffer between syncs.
+  """
+  anchor = jax.tree.map(jnp.zeros_like, params) if offload else state.anchor
+  for f, (keep, predicate) in enumerate(rounds):
+    sync_now = functools.partial(sync, f, keep)
+    if offload:
+      state, anchor = jax.lax.cond(
+        predicate,
+        lambda s, a, sync_now=sync_now: _sync_offloaded(sync_now, s),
+        lambda s, a: (s, a),
+        state,
+        anchor,
+      )
+    else:
+      state = jax.lax.cond(predicate, sync_now, lambda s: s, state)
+      anchor = state.anchor
+  return state, anchor
+
+
+def _landing(synced_now, anchor, params, local_updates):
+  """Step 6 for one leaf: onto the anchor if it synced now, else the local update."""
+  return jnp.where(synced_now, (anchor - params).astype(local_updates.dtype), local_updates)
+
+
+def _init(parts: _Round, params) -> SynchronizeState:
+  """The state before step 1: the anchor is ``params``, nothing synced or sent."""
+  masks = round_schedule.fragment_masks(params, parts.fragments)
+  state = SynchronizeState(
+    count=jnp.zeros([], jnp.int32),
+    inner_state=parts.inner.init(params),
+    anchor=jax.tree.map(jnp.copy, params),  # Its own buffers, so a donated step can update it.
+    outer_state=outer_lib.init_outer_states(parts.outer, params, masks),
+    ledger=collectives.init_ledger(),
+    faults=faults_lib.init_fault_counts(),
+    syncs=jnp.zeros([len(masks)], jnp.int32),
+    next_sync=schedules.round_length(parts.sync_every, 0),
+    residual=parts.averaging.init_residual(params),
+  )
+  return _placed(state, offload_lib.to_host) if parts.offload else state
+
+
+def _placed(state: SynchronizeState, move) -> SynchronizeState:
+  """``state`` with its sync-only parts (anchor, outer state, residual) moved by ``move``."""
+  return state._replace(
+    anchor=move(state.anchor), outer_state=move(state.outer_state), residual=move(state.residual)
+  )
+
+
+def _sync_offloaded(sync_now, state):
+  """``sync_now(state)`` with the sync-only state in host memory: moved to the device,
+  synchronised, moved back; returns the new state and its anchor on the device."""
+  state = sync_now(_placed(state, offload_lib.to_device))
+  return _placed(state, offload_lib.to_host), state.anchor
+
+
+def _sync_fragment(parts: _Round, f, keep, state, *, grads, params, local_updates, present):
+  """Steps 1-5 of the round for the leaves in ``keep`` (fragment ``f``): the new
+  state, whose anchor holds the synchronised parameters of those leaves.
+
+  Args:
+    parts: the round's parts.
+    f: the fragment's index.
+    keep: the fragment's leaves (``None``: all).
+    state: the state after this step's local step (its count advanced).
+    grads: this step's gradient.
+    params: the parameters before this step.
+    local_updates: the updates of this step's local step.
+    present: whether this worker counts in the averages (fault tolerance).
+  """
+  averaging = parts.averaging
+  local_params = optax.apply_updates(params, local_updates)
+  delta = outer_lib.pseudo_gradient(state.anchor, local_params, keep)  # 1.
+  present = averaging.admit(present, delta)
+  delta, fraction, ledger, residual = averaging.pseudo_gradient_mean(  # 2.
+    delta, present, state.ledger, state.residual, keep
+  )
+  anchor, outer_state = outer_lib.outer_step(  # 3.
+    parts.outer, keep, state.anchor, delta, state.outer_state[f], fraction
+  )
+  inner_state, ledger = moment_averaging.average_due_moments(  # 4.
+    state.inner_state,
+    ledger,
+    state.syncs[f] + 1,
+    parts.moment_groups,
+    present,
+    keep,
+    averaging.moment_mean,
+  )
+  inner_state = parts.refresh.at_sync(inner_state, delta, grads, keep, fraction)  # 5.
+  outer_states = state.outer_state
+  return state._replace(
+    inner_state=inner_state,
+    anchor=anchor,
+    outer_state=(*outer_states[:f], outer_state, *outer_states[f + 1 :]),
+    ledger=ledger,
+    faults=faults_lib.count_sync(state.faults, fraction, parts.axis_name),
+    syncs=state.syncs.at[f].add(1),
+    residual=residual,
+  )
+
+
+def _check_update(name, params, axis_name, fault_tolerant, worker_present):
+  """Errors for an ``update`` call that cannot be served, raised at trace time."""
+  if params is None:
+    raise ValueError(
+      f"{name}: update() needs the current params, to form the pseudo-gradient "
+      f"and the synchronised parameters: call tx.update(grads, state, params)."
+    )
+  collectives.check_axis_bound(axis_name, name)
+  if not fault_tolerant and worker_present is not True:
+    raise ValueError(
+      f"{name}: worker_present was given, but this optimizer was built with "
+      "fault_tolerant=False; build it with fault_tolerant=True to leave absent "
+      "workers out of the averages."
+    )

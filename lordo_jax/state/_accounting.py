@@ -1,0 +1,169 @@
+"""What an optimizer state says about a run: bytes sent, current bases.
+
+These read a state on the host (outside ``jit``) and return Python values a user can
+log. A state stacked over workers (a leading worker axis, as ``pmap`` and
+``shard_map`` outputs are) is read from worker 0; the ledgers of all workers agree.
+"""
+
+import math
+from typing import Any
+
+import jax
+import numpy as np
+import optax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec
+
+from lordo_jax.comm import _collectives as collectives
+from lordo_jax.local import _low_rank_adam as low_rank_lib
+from lordo_jax.local import _projection as projection_lib
+from lordo_jax.local.bases import layout
+from lordo_jax.round import _offload as offload_lib
+from lordo_jax.round import _synchronize as sync_lib
+
+
+def _ledgers(state: Any) -> list[collectives.Ledger]:
+  is_ledger = lambda x: isinstance(x, collectives.Ledger)  # noqa: E731
+  return [x for x in jax.tree.leaves(state, is_leaf=is_ledger) if is_ledger(x)]
+
+
+def communicated_elements(state: Any) -> int:
+  """Elements all-reduced per worker since ``init``, summed over every ledger.
+
+  This is the payload of each all-reduce, before any algorithm's factor: a ring
+  all-reduce moves ``2 (M - 1) / M`` times it over each worker's link.
+  """
+  return sum(collectives.ledger_total(ledger)[0] for ledger in _ledgers(state))
+
+
+def communicated_bytes(state: Any) -> int:
+  """Bytes all-reduced per worker since ``init`` (see :func:`communicated_elements`).
+
+  Examples:
+    >>> import jax.numpy as jnp, lordo_jax
+    >>> tx = lordo_jax.lordo(1e-2, rank=2, sync_every=4)
+    >>> lordo_jax.communicated_bytes(tx.init({"w": jnp.ones((8, 8))}))
+    0
+  """
+  return sum(collectives.ledger_total(ledger)[1] for ledger in _ledgers(state))
+
+
+def all_reduce_count(state: Any) -> int:
+  """Number of all-reduce calls since ``init``, summed over every ledger."""
+  return sum(int(np.asarray(ledger.all_reduces).reshape(-1)[0]) for ledger in _ledgers(state))
+
+
+def step_count(state: Any) -> jax.Array:
+  """The number of updates a state has taken: the outermost ``count`` in it.
+
+  A method's state holds several counts (the round's, the low-rank Adam's, the other
+  leaves' Adam's), all equal, so ``optax.tree_utils.tree_get(state, "count")`` finds
+  more than one and raises; this reads the outermost, through any wrapper
+  (``optax.inject_hyperparams``, ``optax.chain``, a Flax state).
+
+  Examples:
+    >>> import jax.numpy as jnp, lordo_jax
+    >>> params = {"w": jnp.ones((8, 4))}
+    >>> tx = lordo_jax.lordo(1e-2, rank=2, sync_every=2)
+    >>> state = tx.init(params)
+    >>> _, state = tx.update(params, state, params)
+    >>> int(lordo_jax.step_count(state))
+    1
+  """
+  found = optax.tree_utils.tree_get_all_with_path(state, "count")
+  if not found:
+    raise ValueError("step_count: this state holds no 'count'.")
+  return min(found, key=lambda item: len(item[0]))[1]
+
+
+def projections(state: Any) -> Any:
+  """The current float32 basis Q of every low-rank matrix, in a tree like params.
+
+  Left case: ``p x r``; right case: ``q x r``; leaves that are not low-rank are
+  ``None``. A state stacked over workers gives stacked bases.
+  """
+  is_node = lambda x: isinstance(x, low_rank_lib.LowRankAdamState)  # noqa: E731
+  nodes = [x for x in jax.tree.leaves(state, is_leaf=is_node) if is_node(x)]
+  if not nodes:
+    raise ValueError("projections: this state holds no low-rank matrices.")
+
+  def matrix(m):
+    if isinstance(m, optax.MaskedNode):
+      return None
+    basis = m.basis
+    if isinstance(basis, projection_lib.DCTBasis):
+      columns = lambda i: projection_lib.dct_columns(i, basis.size)  # noqa: E731
+      for _ in range(basis.indices.ndim - 1):
+        columns = jax.vmap(columns)
+      indices = basis.indices
+      if layout.is_sharded(indices):  # Stacked over an Explicit worker axis: read whole.
+        whole = NamedSharding(jax.typeof(indices).sharding.mesh, PartitionSpec())
+        indices = jax.sharding.reshard(indices, whole)
+      return columns(indices)
+    return basis
+
+  is_entry = lambda x: isinstance(x, (low_rank_lib.LowRankMoments, optax.MaskedNode))  # noqa: E731
+  return jax.tree.map(matrix, nodes[0].moments, is_leaf=is_entry)
+
+
+def _tree_bytes(tree: Any) -> int:
+  """Bytes of every array leaf of ``tree`` (arrays or ``jax.ShapeDtypeStruct``)."""
+  total = 0
+  for leaf in jax.tree.leaves(tree):
+    shape = getattr(leaf, "shape", np.shape(leaf))
+    dtype = leaf.dtype if hasattr(leaf, "dtype") else np.asarray(leaf).dtype
+    total += math.prod(shape) * np.dtype(dtype).itemsize
+  return total
+
+
+def state_bytes(state: Any) -> dict[str, int]:
+  r"""Bytes of optimizer state: where they are, and what host offload would move.
+
+  ``"device"`` and ``"host"`` split the state by where its arrays are placed: an array
+  whose sharding's memory kind is ``pinned_host`` (or ``unpinned_host``) counts as
+  host, every other as device, so that on the state of ``offload=True``
+  (:mod:`lordo_jax.round._offload`) ``"host"`` is what really lives in host memory. Shapes
+  without a placement (``jax.eval_shape(tx.init, params)``, which allocates nothing)
+  count as device.
+
+  ``"offloadable"`` is the part of the state that ``offload=True`` keeps in host
+  memory, wherever it is now: for every :func:`lordo_jax.synchronize` in the state,
+  its anchor (the parameters at the last sync), its outer optimizer's state (DiLoCo's
+  outer momentum) and, with compression, its error-feedback residual, all read and
+  written only at a sync, once every K steps (SPEC section 8). Everything else
+  (moments, bases, error buffers, counters, flags, ledgers) is used at every step.
+
+  Per ``p x q`` float32 matrix, left case (``p >= q``), SPEC section 8: AdamW ``2pq``;
+  LoRDO ``pr + 2rq`` used every step (``+ pq`` with error feedback, in its dtype) and
+  an offloadable ``pq``; with ``projection="dct"`` the basis is ``r`` int32 indices
+  instead of ``pr`` floats. Counters and ledgers add a few bytes per transformation.
+
+  It counts the state it is given, whole arrays: pass one worker's state (a state
+  stacked over M workers counts M times). Per-device bytes of a sharded state are the
+  sizes of its ``addressable_shards``.
+
+  Args:
+    state: an optimizer state, or its shapes.
+
+  Returns:
+    ``{"device": int, "host": int, "offloadable": int}``, in bytes; ``device + host``
+    is the whole state.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp, lordo_jax
+    >>> params = {"w": jnp.ones((64, 32))}
+    >>> tx = lordo_jax.lordo(1e-3, rank=4, sync_every=8, offload=True)
+    >>> sizes = lordo_jax.state_bytes(tx.init(params))
+    >>> sizes["host"], sizes["offloadable"]  # the anchor, in host memory
+    (8192, 8192)
+    >>> lordo_jax.state_bytes(jax.eval_shape(tx.init, params))["host"]  # no placement
+    0
+  """
+  is_sync = lambda x: isinstance(x, sync_lib.SynchronizeState)  # noqa: E731
+  offloadable = 0
+  for node in jax.tree.leaves(state, is_leaf=is_sync):
+    if is_sync(node):
+      offloadable += state_bytes(node.inner_state)["offloadable"]
+      offloadable += _tree_bytes((node.anchor, node.outer_state, node.residual))
+  host = _tree_bytes([x for x in jax.tree.leaves(state) if offload_lib.on_host(x)])
+  return {"device": _tree_bytes(state) - host, "host": host, "offloadable": offloadable}
