@@ -8,7 +8,7 @@ worker's state, so no GPT-2-sized array is ever allocated, split as ``offload=Tr
 places it (``communication_table.offloaded``): ``device`` is what each step reads and
 writes (moments, bases, error buffers, counters, ledgers); ``host`` is what only a sync
 touches (the anchor, and DiLoCo's outer momentum), which ``offload=True`` keeps in host
-memory (SPEC section 8; without offload it is on the device too).
+memory (MATH.md §8; without offload it is on the device too).
 
 The shapes, the methods and their settings (r = d/4 = 192, K = 16, T = 200;
 embeddings on the full-rank path, as in the paper) are those of
@@ -18,7 +18,7 @@ error feedback (a ``p x q`` buffer per matrix, float32 or bfloat16), two-sided
 projection (U and V per matrix, ``r x r`` moments), and LoRDO at
 several ranks.
 
-Each LoRDO row is checked against SPEC section 8's formula: per ``p x q`` low-rank
+Each LoRDO row is checked against MATH.md §8's formula: per ``p x q`` low-rank
 matrix, left case when p >= q, with :math:`n = \max(p, q)`, :math:`m = \min(p, q)`,
 
 .. math::
@@ -73,7 +73,7 @@ def lordo(rank: int, labels, **options):
 
 
 def spec_formula(shapes, labels, rank: int, options: dict) -> dict[str, int]:
-  """SPEC section 8's bytes of a LoRDO state, without counters and ledgers."""
+  """MATH.md §8's bytes of a LoRDO state, without counters and ledgers."""
   marks = labels(shapes) if labels else jax.tree.map(lambda x: len(x.shape) == 2, shapes)
   device = host = 0
   for x, low_rank in zip(jax.tree.leaves(shapes), jax.tree.leaves(marks), strict=True):
@@ -168,7 +168,7 @@ def markdown(result: dict) -> list[str]:
     ]
     for r in result["ranks"]
   ]
-  header = ["r", "projection", "device MB", "host MB", "device vs AdamW", "SPEC 8 formula MB"]
+  header = ["r", "projection", "device MB", "host MB", "device vs AdamW", "MATH.md §8 formula MB"]
   return lines + studies.table(header, body, align="rl" + "r" * 4)
 
 
@@ -189,7 +189,7 @@ def main(argv=None) -> int:
     "device: read and written every step (moments, bases, error buffers, counters). "
     "host: the anchor and the outer optimizer's state, touched only at a sync, which "
     "offload=True keeps in host memory (without it they are on the device too).",
-    "Every LoRDO number equals SPEC section 8's formula (see memory.py) plus at most "
+    "Every LoRDO number equals MATH.md §8's formula (see memory.py) plus at most "
     f"{counters} bytes of counters and ledgers.",
   ]
   studies.write(

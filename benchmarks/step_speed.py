@@ -14,8 +14,8 @@ optimizer, params and state donated as in a training loop, one worker
 * ``optax.contrib.galore`` at rank r with ``update_proj_gap = K``: its SVD refresh
   runs on the first step of every period of K;
 * ``lordo_jax.lordo(rank=r, sync_every=K, projection=...)``: K - 1 local steps
-  (SPEC section 3), then a sync step (pseudo-gradient, outer step, moment averaging,
-  projection refresh, moment rotation: SPEC section 4);
+  (MATH.md §3), then a sync step (pseudo-gradient, outer step, moment averaging,
+  projection refresh, moment rotation: MATH.md §4);
 * the low-rank step alone: ``lordo_jax.scale_by_low_rank_adam`` (omega = 0.7, the
   same local step) chained with weight decay and the learning rate, without the
   ``synchronize`` wrapper around it, to show what the wrapper costs a local step;
@@ -116,7 +116,7 @@ def training_step(tx, shape) -> Callable:
 
 
 def oriented(shape) -> tuple[int, int, bool]:
-  """(n, m, left): Q is n x r, the coordinates r x m (SPEC section 2, side auto)."""
+  """(n, m, left): Q is n x r, the coordinates r x m (MATH.md §2, side auto)."""
   p, q = shape
   return (p, q, True) if p >= q else (q, p, False)
 

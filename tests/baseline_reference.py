@@ -1,6 +1,6 @@
-"""NumPy reference of the local-update baselines of SPEC section 6, in float64.
+"""NumPy reference of the local-update baselines of MATH.md §6, in float64.
 
-Written from SPEC.md (sections 3, 4 and the table of section 6), not from the
+Written from docs/MATH.md (§3, §4 and the table of §6), not from the
 package: M workers each take AdamW steps on their own gradient; at the end of every
 step t with t % K_x == 0 the pseudo-gradients are averaged and the outer step taken;
 the first moments are averaged when t % K_u == 0 and the second when t % K_v == 0

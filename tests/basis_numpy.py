@@ -1,4 +1,4 @@
-"""NumPy references shared by the basis-strategy tests (``tests/test_basis_*.py``).
+"""NumPy references shared by the basis-strategy tests (``tests/local/test_basis_*.py``).
 
 Written from the math in the modules' docstrings, in float64, with nothing from
 ``lordo_jax``: the strategies are checked against these, never against themselves.

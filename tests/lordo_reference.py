@@ -1,33 +1,33 @@
-r"""An independent NumPy (float64) reference of LoRDO, SPEC sections 3-5.
+r"""An independent NumPy (float64) reference of LoRDO, MATH.md §3-5.
 
-Written from ``SPEC.md`` alone, without reading ``lordo_jax``: the tests compare
-the package against it. No JAX here, on purpose.
+Written from the mathematics alone (``docs/MATH.md``, the project's specification),
+without reading ``lordo_jax``: the tests compare the package against it. No JAX here, on purpose.
 
-It simulates M workers explicitly (lists indexed by worker) and follows the SPEC
+It simulates M workers explicitly (lists indexed by worker) and follows the mathematics
 step by step:
 
-* SPEC §2 routing and sides: a 2-D leaf with ``min(p, q) > rank`` is low-rank;
+* MATH.md §2 routing and sides: a 2-D leaf with ``min(p, q) > rank`` is low-rank;
   ``auto`` projects on the left when ``p >= q``. Every other leaf takes the
   full-rank path (AdamW).
-* SPEC §3 the local step (error feedback, projected Adam moments, quasi-hyperbolic
+* MATH.md §3 the local step (error feedback, projected Adam moments, quasi-hyperbolic
   mix with the full-rank term, both ``full_rank_scale`` modes, decoupled weight
   decay).
-* SPEC §4 the synchronisation every K steps (pseudo-gradient average, default outer
+* MATH.md §4 the synchronisation every K steps (pseudo-gradient average, default outer
   optimizer = plain averaging, moment averaging every ``sync_moments_every`` syncs,
   projection refresh, moment transport ``rotate`` / ``keep`` / ``reset``) and the
   initial projection ``"gradient"``.
-* SPEC §5 the three projections (``svd``, ``subspace_iteration``, ``dct``) with
+* MATH.md §5 the three projections (``svd``, ``subspace_iteration``, ``dct``) with
   canonical signs.
 * The LoRDO authors' variants of ``docs/FIDELITY.md`` (TODOs 1-5), each a flag of
-  ``Config`` whose default is the SPEC: the full-rank term's numerator G + E
+  ``Config`` whose default is the mathematics': the full-rank term's numerator G + E
   (``full_rank_numerator="error_fed"``), QHAdam inside the projection (``qh_nu``) and
   on the full-rank path (``full_rank_nu``), the low-rank term without D
   (``low_rank_term="momentum"``), and GaLore's standard side (``side="galore_std"``:
   right when p > q, else left).
-* Low-rank DDP (SPEC §6): :func:`run_low_rank_ddp`, §3's step on the workers' mean
+* Low-rank DDP (MATH.md §6): :func:`run_low_rank_ddp`, §3's step on the workers' mean
   gradient with the basis refreshed from it every T steps.
 
-Choices made where the SPEC is silent (kept explicit so a mismatch is easy to
+Choices made where the mathematics is silent (kept explicit so a mismatch is easy to
 discuss):
 
 * The n-th sync (n = t / K, counted from 1) averages the moments when
@@ -85,12 +85,12 @@ class Config:
 
 
 def is_low_rank(leaf: np.ndarray, rank: int) -> bool:
-  """SPEC §2: default routing, a 2-D leaf with min(p, q) > rank is low-rank."""
+  """MATH.md §2: default routing, a 2-D leaf with min(p, q) > rank is low-rank."""
   return leaf.ndim == 2 and min(leaf.shape) > rank
 
 
 def resolve_side(shape: tuple[int, int], side: str) -> str:
-  """SPEC §2: ``auto`` is ``left`` when p >= q, otherwise ``right``.
+  """MATH.md §2: ``auto`` is ``left`` when p >= q, otherwise ``right``.
 
   ``galore_std`` keeps the moments on the larger dimension: ``right`` when p > q,
   otherwise ``left`` (a square matrix on the left).
@@ -105,12 +105,12 @@ def resolve_side(shape: tuple[int, int], side: str) -> str:
 
 
 def project(q_basis: np.ndarray, x: np.ndarray, side: str) -> np.ndarray:
-  """SPEC §2: coordinates, C = Q^T X (left, r x q) or C = X Q (right, p x r)."""
+  """MATH.md §2: coordinates, C = Q^T X (left, r x q) or C = X Q (right, p x r)."""
   return q_basis.T @ x if side == "left" else x @ q_basis
 
 
 def unproject(q_basis: np.ndarray, c: np.ndarray, side: str) -> np.ndarray:
-  """SPEC §2: back to p x q, Q C (left) or C Q^T (right)."""
+  """MATH.md §2: back to p x q, Q C (left) or C Q^T (right)."""
   return q_basis @ c if side == "left" else c @ q_basis.T
 
 
@@ -118,7 +118,7 @@ def unproject(q_basis: np.ndarray, c: np.ndarray, side: str) -> np.ndarray:
 
 
 def canonical_signs(q_basis: np.ndarray) -> np.ndarray:
-  """SPEC §5: flip each column so that its largest-magnitude entry is positive."""
+  """MATH.md §5: flip each column so that its largest-magnitude entry is positive."""
   idx = np.argmax(np.abs(q_basis), axis=0)
   signs = np.sign(q_basis[idx, np.arange(q_basis.shape[1])])
   signs[signs == 0] = 1.0
@@ -141,7 +141,7 @@ def sign_margin(q_basis: np.ndarray) -> float:
 
 
 def dct_basis(n: int) -> np.ndarray:
-  """SPEC §5: orthonormal DCT-II basis, B[i, j] = sqrt(2/n) c_j cos(pi (i+1/2) j / n)."""
+  """MATH.md §5: orthonormal DCT-II basis, B[i, j] = sqrt(2/n) c_j cos(pi (i+1/2) j / n)."""
   i = np.arange(n)[:, None]
   j = np.arange(n)[None, :]
   c = np.where(j == 0, 1.0 / np.sqrt(2.0), 1.0)
@@ -149,7 +149,7 @@ def dct_basis(n: int) -> np.ndarray:
 
 
 def svd_projection(x: np.ndarray, rank: int) -> tuple[np.ndarray, dict]:
-  """SPEC §5 ``svd`` (left form): the top-r left singular vectors, canonical signs."""
+  """MATH.md §5 ``svd`` (left form): the top-r left singular vectors, canonical signs."""
   u, s, _ = np.linalg.svd(x, full_matrices=False)
   q_basis = canonical_signs(u[:, :rank])
   gaps = (s[:rank] - s[1 : rank + 1]) / s[0]
@@ -160,7 +160,7 @@ def svd_projection(x: np.ndarray, rank: int) -> tuple[np.ndarray, dict]:
 def subspace_iteration_projection(
   x: np.ndarray, q_old: np.ndarray, rank: int, iterations: int
 ) -> tuple[np.ndarray, dict]:
-  """SPEC §5 ``subspace_iteration`` (left form): n times Q = qr(X (X^T Q)).Q."""
+  """MATH.md §5 ``subspace_iteration`` (left form): n times Q = qr(X (X^T Q)).Q."""
   q_basis = q_old
   worst_cond = 1.0
   for _ in range(iterations):
@@ -173,7 +173,7 @@ def subspace_iteration_projection(
 
 
 def dct_projection(x: np.ndarray, rank: int) -> tuple[np.ndarray, dict]:
-  """SPEC §5 ``dct`` (left form): the r DCT columns with largest ||B_j^T X||.
+  """MATH.md §5 ``dct`` (left form): the r DCT columns with largest ||B_j^T X||.
 
   The kept columns are in ascending index order. The diagnostic ``score_gap`` is
   the relative gap between the r-th and (r+1)-th best scores.
@@ -191,10 +191,10 @@ def dct_projection(x: np.ndarray, rank: int) -> tuple[np.ndarray, dict]:
 def compute_projection(
   x: np.ndarray, q_old: np.ndarray | None, cfg: Config, side: str
 ) -> tuple[np.ndarray, dict]:
-  """SPEC §5 ComputeProjection(X), either side (right = left of X^T).
+  """MATH.md §5 ComputeProjection(X), either side (right = left of X^T).
 
-  With ``subspace_iteration`` and no previous basis (the initial projection, SPEC
-  §4) it is an exact SVD.
+  With ``subspace_iteration`` and no previous basis (the initial projection,
+  MATH.md §4.7) it is an exact SVD.
   """
   xl = x if side == "left" else x.T
   if cfg.projection == "svd" or (cfg.projection == "subspace_iteration" and q_old is None):
@@ -211,7 +211,7 @@ def compute_projection(
 
 @dataclasses.dataclass
 class LowRankState:
-  """One worker's state of one low-rank leaf (SPEC §3): moments and error buffer."""
+  """One worker's state of one low-rank leaf (MATH.md §3): moments and error buffer."""
 
   u: np.ndarray
   v: np.ndarray
@@ -220,14 +220,14 @@ class LowRankState:
 
 @dataclasses.dataclass
 class AdamState:
-  """One worker's state of one full-rank leaf (SPEC §3, last bullet)."""
+  """One worker's state of one full-rank leaf (MATH.md §3, last bullet)."""
 
   m: np.ndarray
   v: np.ndarray
 
 
 def full_rank_scale(denom: np.ndarray, cfg: Config, side: str) -> np.ndarray:
-  """SPEC §3: s, the mean of D (``scalar``) or its mean over the r axis (``vector``)."""
+  """MATH.md §3: s, the mean of D (``scalar``) or its mean over the r axis (``vector``)."""
   if cfg.full_rank_scale == "scalar":
     return np.mean(denom)
   if cfg.full_rank_scale == "vector":
@@ -244,7 +244,7 @@ def low_rank_direction(
   cfg: Config,
   side: str,
 ) -> np.ndarray:
-  """SPEC §3: the quasi-hyperbolic direction of one low-rank leaf; updates ``st``.
+  """MATH.md §3: the quasi-hyperbolic direction of one low-rank leaf; updates ``st``.
 
   With the variants' flags: the numerator of L is ``(1 - qh_nu) c + qh_nu uh``,
   divided by D unless ``low_rank_term="momentum"``; the full-rank term's numerator
@@ -273,7 +273,7 @@ def low_rank_direction(
 
 
 def adam_direction(g: np.ndarray, st: AdamState, t: int, cfg: Config) -> np.ndarray:
-  """SPEC §3 (full-rank path): the Adam direction of AdamW; updates ``st``.
+  """MATH.md §3 (full-rank path): the Adam direction of AdamW; updates ``st``.
 
   QHAdam's numerator ``(1 - full_rank_nu) g + full_rank_nu mh`` (``mh`` by default).
   """
@@ -295,7 +295,7 @@ def transport_moments(
   cfg: Config,
   side: str,
 ) -> None:
-  """SPEC §4.6: move u, v into the new basis (``rotate`` / ``keep`` / ``reset``)."""
+  """MATH.md §4.6: move u, v into the new basis (``rotate`` / ``keep`` / ``reset``)."""
   if cfg.transport == "keep":
     return
   if cfg.transport == "reset":
@@ -318,7 +318,7 @@ def transport_moments(
 
 
 class Reference:
-  """M LoRDO workers in float64 (SPEC §3-5), default outer optimizer (averaging).
+  """M LoRDO workers in float64 (MATH.md §3-5), default outer optimizer (averaging).
 
   Usage: ``ref = Reference(cfg, params, num_workers)``, then once per step
   ``ref.step(grads)`` with ``grads`` a list (one dict per worker). After the call,
@@ -367,10 +367,10 @@ class Reference:
     cfg = self.cfg
     self.t += 1
     t = self.t
-    if t == 1:  # SPEC §4 initial projection from the averaged first gradient.
+    if t == 1:  # MATH.md §4 initial projection from the averaged first gradient.
       for name in self.sides:
         self.bases[name] = self._refresh(name, self._mean([g[name] for g in grads]), None)
-    for m in range(self.num_workers):  # SPEC §3, local step.
+    for m in range(self.num_workers):  # MATH.md §3, local step.
       new = {}
       for name, w in self.params[m].items():
         st = self.states[m][name]
@@ -386,7 +386,7 @@ class Reference:
     return self.params
 
   def _sync(self) -> None:
-    """SPEC §4 steps 1-6 with the default outer optimizer (plain averaging)."""
+    """MATH.md §4 steps 1-6 with the default outer optimizer (plain averaging)."""
     cfg, t = self.cfg, self.t
     deltas = {}
     for name, a in self.anchor.items():
@@ -489,13 +489,13 @@ def initial_params(p: int, q: int, seed: int = 0) -> Params:
 
 
 def run_low_rank_ddp(cfg: Config, params: Params, x: np.ndarray, y: np.ndarray, refresh_every: int):
-  """Low-rank DDP (SPEC §6) on the regression data; ``cfg.sync_every`` is not used.
+  """Low-rank DDP (MATH.md §6) on the regression data; ``cfg.sync_every`` is not used.
 
   One model for all workers. At step t the workers' gradients are averaged,
   G = mean_m(G_m); at t = 1, T + 1, 2T + 1, ... (T = ``refresh_every``) every
-  low-rank leaf's basis is computed from G (SPEC §5) before the step, and from the
-  second refresh on the moments are transported into it (SPEC §4.6) with the count
-  t - 1 of the steps they hold; then SPEC §3's step on G (error feedback on G), the
+  low-rank leaf's basis is computed from G (MATH.md §5) before the step, and from the
+  second refresh on the moments are transported into it (MATH.md §4.6) with the count
+  t - 1 of the steps they hold; then MATH.md §3's step on G (error feedback on G), the
   full-rank path's Adam on G, and update = -lr (direction + wd W).
 
   Returns ``(trajectory, diagnostics)``: the parameters after every step, and the

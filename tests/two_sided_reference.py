@@ -2,7 +2,7 @@ r"""An independent NumPy (float64) reference of the two-sided low-rank path (TSR
 
 Written from the design below, without reading ``lordo_jax``. For a ``p x q``
 matrix with orthonormal bases U (``p x r``) and V (``q x r``), the local step is
-SPEC section 3 with the one-sided projection replaced by the two-sided core:
+MATH.md §3 with the one-sided projection replaced by the two-sided core:
 
 .. math::
   A = G + E, \quad C = U^\top A V \ (r \times r), \quad E \leftarrow A - U C V^\top \\

@@ -23,7 +23,7 @@ parameters after step S, the new run's first step is S + 1 and:
   replaced by the transplanted ones before step S + 1.
 
 With ``moments="keep"`` a warm start into the source's own method continues that run
-exactly (``tests/test_lm_warm_start.py`` checks it bit for bit); into LoRDO, the
+exactly (``tests/integration/test_lm_warm_start.py`` checks it bit for bit); into LoRDO, the
 subspace, moments and error buffers of the switch are those of the shared low-rank DDP
 phase, identical on every worker.
 """

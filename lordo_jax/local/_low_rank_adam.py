@@ -1,6 +1,6 @@
 r"""Low-rank Adam: moments kept in an r-dimensional subspace of each matrix.
 
-The local step of SPEC section 3, for one ``p x q`` matrix, written for the left
+The local step of MATH.md §3, for one ``p x q`` matrix, written for the left
 case (Q is ``p x r``; the right case is the left case of the transpose):
 
 .. math::
@@ -32,7 +32,7 @@ and the full-rank scale is then a scalar). Each basis matrix is formed once per 
 and used by both products.
 
 The error buffer E exists only with ``error_feedback=True``. When the basis is
-refreshed, the moments are carried into the new one (``transport``, SPEC 4.6):
+refreshed, the moments are carried into the new one (``transport``, MATH.md §4.6):
 
 * ``rotate`` (LDAdam): with the change of basis :math:`R = Q_\text{new}^\top
   Q_\text{old}` (the strategy's ``overlap``; :math:`(R_U, R_V)` two-sided) acting
@@ -66,6 +66,7 @@ from lordo_jax import _checks as checks
 from lordo_jax import _tree_structure as state_structure
 from lordo_jax.local import _routing as routing
 from lordo_jax.local import bases as bases_lib
+from lordo_jax.local._quasi_hyperbolic import FULL_RANK_SCALES
 from lordo_jax.local._quasi_hyperbolic import qh_momentum
 from lordo_jax.local._quasi_hyperbolic import quasi_hyperbolic_mix
 from lordo_jax.local.bases import layout
@@ -78,7 +79,7 @@ INIT_PROJECTIONS = ("gradient", "random", "external")
 
 
 class LowRankMoments(NamedTuple):
-  """Low-rank Adam state of one matrix (SPEC section 2's shapes)."""
+  """Low-rank Adam state of one matrix (MATH.md §2's shapes)."""
 
   # Q (p x r left, q x r right) float32, a DCTBasis, or a TwoSidedBasis (U and V).
   basis: Any
@@ -171,8 +172,41 @@ def check_step(
     )
 
 
+def check_options(who: str, o: "LowRankOptions") -> None:
+  r"""Every option of the low-rank step, checked once; ``who`` names the caller.
+
+  ``rank`` an int :math:`\ge 1`; :math:`\omega, \nu_{qh} \in [0, 1]`, :math:`\mu > 0`,
+  :math:`\beta_1, \beta_2 \in [0, 1)`, :math:`\epsilon \ge 0`; every string option
+  among its kinds (:func:`check_step`, :func:`check_projection`); the randomized
+  sketch's sizes :math:`\ge 0`. Arrays (from ``optax.inject_hyperparams``) are
+  checked when known.
+  """
+  checks.positive_int(who, "rank", o.rank)
+  checks.positive_int(who, "subspace_iterations", o.subspace_iterations, optional=True)
+  checks.in_interval(who, "omega", o.omega, 0.0, 1.0, closed_high=True)
+  checks.positive(who, "mu", o.full_rank_rescale)
+  checks.in_interval(who, "b1", o.b1, 0.0, 1.0, closed_high=False)
+  checks.in_interval(who, "b2", o.b2, 0.0, 1.0, closed_high=False)
+  checks.non_negative(who, "eps", o.eps)
+  check_step(
+    who,
+    side=o.side,
+    qh_nu=o.qh_nu,
+    low_rank_term=o.low_rank_term,
+    full_rank_numerator=o.full_rank_numerator,
+    error_feedback=o.error_feedback,
+  )
+  checks.one_of(who, "transport", o.transport, TRANSPORTS)
+  checks.one_of(who, "full_rank_scale", o.full_rank_scale, FULL_RANK_SCALES)
+  check_projection(
+    who, o.projection, two_sided=o.two_sided, side=o.side, full_rank_scale=o.full_rank_scale
+  )
+  checks.positive_int(who, "oversample", o.oversample, optional=True, minimum=0)
+  checks.positive_int(who, "power_iterations", o.power_iterations, optional=True, minimum=0)
+
+
 def rotate_moments(strategy: bases_lib.BasisStrategy, mu, nu, new_basis, old_basis, count, b1, b2):
-  r"""LDAdam's moment transport into a new basis (SPEC section 4, step 6).
+  r"""LDAdam's moment transport into a new basis (MATH.md §4, step 6).
 
   .. math::
     R = \mathrm{overlap}(Q_\text{new}, Q_\text{old}), \quad
@@ -229,33 +263,51 @@ def _unlisted(moments, entries: list):
 
 
 class _Pair(NamedTuple):
-  first: Any
-  second: Any
+  a: Any
+  b: Any
 
 
 def _unzip(tree):
   is_pair = lambda x: isinstance(x, _Pair)  # noqa: E731
-  firsts = jax.tree.map(lambda p: p.first, tree, is_leaf=is_pair)
-  seconds = jax.tree.map(lambda p: p.second, tree, is_leaf=is_pair)
-  return firsts, seconds
+  as_ = jax.tree.map(lambda p: p.a, tree, is_leaf=is_pair)
+  bs = jax.tree.map(lambda p: p.b, tree, is_leaf=is_pair)
+  return as_, bs
+
+
+class LowRankOptions(NamedTuple):
+  """The options of the low-rank Adam step (MATH.md §3), written and checked once.
+
+  :func:`scale_by_low_rank_adam` builds it from its keywords; :func:`lordo_jax.lordo`,
+  its ablations and :func:`lordo_jax.low_rank_ddp` build it from theirs
+  (:func:`lordo_jax.methods.options.low_rank_step`); :func:`check_options` checks it.
+  The public keyword of ``full_rank_rescale`` is ``mu``.
+  """
+
+  rank: int  # r, the dimension of each matrix's subspace.
+  b1: float = 0.9  # Adam's first-moment decay.
+  b2: float = 0.999  # Adam's second-moment decay.
+  eps: float = 1e-8  # Adam's denominator offset.
+  omega: float = 1.0  # Weight of the low-rank term of the quasi-hyperbolic mix.
+  full_rank_rescale: float = 1.0  # The full-rank term's divisor: G / (rescale s).
+  full_rank_scale: str = "scalar"  # How s is taken from D: "scalar" or "vector".
+  full_rank_numerator: str = "gradient"  # The full-rank term's G, or "error_fed" G + E.
+  qh_nu: float = 1.0  # QHAdam's nu inside the projection; 1 is Adam.
+  low_rank_term: str = "adam"  # L = Q u_hat / D, or "momentum": Q u_hat.
+  projection: str = "svd"  # The projection method (MATH.md §5).
+  side: str = "auto"  # "auto", "left", "right" or "galore_std".
+  transport: str = "rotate"  # The moments at a refresh: "rotate", "keep" or "reset".
+  error_feedback: bool = False  # Keep and feed back the projection residual.
+  error_feedback_dtype: Any = "float32"  # The residual's dtype (a name or a dtype).
+  subspace_iterations: int | None = None  # Per refresh with "subspace_iteration" (None: 2).
+  two_sided: bool = False  # Project on both sides (TSR-Adam).
+  oversample: int | None = None  # Extra sketch columns of "randomized_svd" (None: 8).
+  power_iterations: int | None = None  # Power iterations of "randomized_svd" (None: 1).
 
 
 class _Config(NamedTuple):
-  """The hyperparameters of one :func:`scale_by_low_rank_adam`, and its method."""
+  """One :func:`scale_by_low_rank_adam`: its step's options, refresh policy and method."""
 
-  rank: int
-  b1: float
-  b2: float
-  eps: float
-  omega: Any
-  mu: float
-  full_rank_scale: str
-  full_rank_numerator: str
-  qh_nu: Any
-  low_rank_term: str
-  transport: str
-  error_feedback: bool
-  error_feedback_dtype: Any
+  step: LowRankOptions
   refresh_every: int | None
   init_projection: str
   seed: int
@@ -265,13 +317,13 @@ class _Config(NamedTuple):
 
 def _axes_of(c: _Config, tree):
   """The :class:`~lordo_jax.local._routing.MatrixAxes` of every leaf; an error for a non-matrix."""
-  axes = routing.route(tree, c.matrix_axes, c.rank)
+  axes = routing.route(tree, c.matrix_axes, c.step.rank)
 
   def check(path, a):
     if a == routing.FULL_RANK:
       raise ValueError(
         f"scale_by_low_rank_adam got the leaf {jax.tree_util.keystr(path)}, "
-        f"which is not a matrix with min(p, q) > rank={c.rank}. Send such leaves "
+        f"which is not a matrix with min(p, q) > rank={c.step.rank}. Send such leaves "
         "to another transformation with optax.partition (lordo_jax.lordo does), "
         "or label them with matrix_axes."
       )
@@ -303,9 +355,9 @@ def _init_leaf(c: _Config, x, axes, key) -> LowRankMoments:
   basis = jax.tree.map(lambda b: layout.place(b, basis_spec, x), basis)
   mu = layout.zeros(s.coordinates_shape, jnp.float32, s.coordinates_spec(spec), x)
   nu = layout.zeros(s.coordinates_shape, jnp.float32, s.coordinates_spec(spec), x)
-  if c.error_feedback:
+  if c.step.error_feedback:
     shape = routing.matrix_shape(x.shape, axes)
-    error = layout.zeros(shape, c.error_feedback_dtype, spec, x)
+    error = layout.zeros(shape, jnp.dtype(c.step.error_feedback_dtype), spec, x)
   else:
     error = jnp.zeros((0,), jnp.float32)
   return LowRankMoments(basis, mu, nu, error)
@@ -343,12 +395,12 @@ def _transported(c: _Config, s, m: LowRankMoments, basis, ok, count, first) -> L
   if first is True:
     return m._replace(basis=basis)
   new_mu, new_nu = m.mu, m.nu
-  if c.transport == "rotate":
-    rotated = rotate_moments(s, m.mu, m.nu, basis, m.basis, count, c.b1, c.b2)
-    keep = jnp.logical_or(first, ~ok)
-    new_mu = jnp.where(keep, m.mu, rotated[0])
-    new_nu = jnp.where(keep, m.nu, rotated[1])
-  elif c.transport == "reset":
+  if c.step.transport == "rotate":
+    rotated = rotate_moments(s, m.mu, m.nu, basis, m.basis, count, c.step.b1, c.step.b2)
+    unchanged = jnp.logical_or(first, ~ok)
+    new_mu = jnp.where(unchanged, m.mu, rotated[0])
+    new_nu = jnp.where(unchanged, m.nu, rotated[1])
+  elif c.step.transport == "reset":
     new_mu = jnp.where(ok, jnp.zeros_like(m.mu), m.mu)
     new_nu = jnp.where(ok, jnp.zeros_like(m.nu), m.nu)
   return LowRankMoments(basis, new_mu, new_nu, m.error)
@@ -400,10 +452,10 @@ def _project(c: _Config, updates, state) -> Projected:
   def one(m, g, q, a):
     s = _strategy(c, g, a)
     fed = routing.to_matrix(g, a).astype(jnp.float32)
-    if c.error_feedback:
+    if c.step.error_feedback:
       fed = fed + m.error.astype(jnp.float32)
     coordinates = s.project(q, fed)
-    if not c.error_feedback:
+    if not c.step.error_feedback:
       return _Pair(coordinates, m.error)
     return _Pair(coordinates, (fed - s.unproject(q, coordinates)).astype(m.error.dtype))
 
@@ -417,18 +469,24 @@ def _step(c: _Config, updates, state, projected: Projected):
 
   def one(m, g, q, a, coordinates, error):
     s = _strategy(c, g, a)
-    new_mu = c.b1 * m.mu + (1 - c.b1) * coordinates
-    new_nu = c.b2 * m.nu + (1 - c.b2) * coordinates**2
-    denominator = jnp.sqrt(new_nu / (1 - c.b2**count)) + c.eps
-    numerator = qh_momentum(coordinates, new_mu / (1 - c.b1**count), c.qh_nu)
-    if c.low_rank_term == "adam":
+    new_mu = c.step.b1 * m.mu + (1 - c.step.b1) * coordinates
+    new_nu = c.step.b2 * m.nu + (1 - c.step.b2) * coordinates**2
+    denominator = jnp.sqrt(new_nu / (1 - c.step.b2**count)) + c.step.eps
+    numerator = qh_momentum(coordinates, new_mu / (1 - c.step.b1**count), c.step.qh_nu)
+    if c.step.low_rank_term == "adam":
       numerator = numerator / denominator
     low_rank_direction = s.unproject(q, numerator)
     matrix = routing.to_matrix(g, a).astype(jnp.float32)
-    if c.full_rank_numerator == "error_fed":
+    if c.step.full_rank_numerator == "error_fed":
       matrix = matrix + m.error.astype(jnp.float32)
     direction = quasi_hyperbolic_mix(
-      matrix, low_rank_direction, denominator, c.omega, c.mu, c.full_rank_scale, side=s.side
+      matrix,
+      low_rank_direction,
+      denominator,
+      c.step.omega,
+      c.step.full_rank_rescale,
+      c.step.full_rank_scale,
+      side=s.side,
     )
     leaf = routing.from_matrix(direction, a, tuple(g.shape)).astype(g.dtype)
     return _Pair(leaf, LowRankMoments(m.basis, new_mu, new_nu, error))
@@ -448,20 +506,19 @@ def _update(c: _Config, updates, state, params=None):
   return _step(c, updates, state, _project(c, updates, state))
 
 
-def _basis_options(
-  who, *, rank, side, subspace_iterations, oversample, power_iterations, **_
-) -> bases_lib.Options:
-  """The basis options, checked: ``rank`` >= 1, the sketch's sizes >= 0 (``None``:
-  the defaults of :class:`~lordo_jax.local.bases.Options`)."""
-  checks.positive_int(who, "rank", rank)
-  sketch = dict(oversample=oversample, power_iterations=power_iterations)
-  iterations = 2 if subspace_iterations is None else subspace_iterations
-  options = bases_lib.Options(
-    rank, side, iterations, **{k: v for k, v in sketch.items() if v is not None}
+def _integers(step: LowRankOptions) -> dict:
+  """The options that fix the program's shapes: Python ints, never arrays."""
+  names = ("rank", "subspace_iterations", "oversample", "power_iterations")
+  return {name: getattr(step, name) for name in names}
+
+
+def _basis_options(step: LowRankOptions) -> bases_lib.Options:
+  """The basis options (``None``: the defaults of :class:`~lordo_jax.local.bases.Options`)."""
+  sketch = dict(oversample=step.oversample, power_iterations=step.power_iterations)
+  iterations = 2 if step.subspace_iterations is None else step.subspace_iterations
+  return bases_lib.Options(
+    step.rank, step.side, iterations, **{k: v for k, v in sketch.items() if v is not None}
   )
-  checks.positive_int(who, "oversample", options.oversample, minimum=0)
-  checks.positive_int(who, "power_iterations", options.power_iterations, minimum=0)
-  return options
 
 
 def scale_by_low_rank_adam(
@@ -558,40 +615,59 @@ def scale_by_low_rank_adam(
     al., TSR-Adam, 2026 (arXiv 2602.08007).
   """
   who = "scale_by_low_rank_adam"
-  integers = dict(rank=rank, subspace_iterations=subspace_iterations, refresh_every=refresh_every)
-  integers.update(seed=seed, oversample=oversample, power_iterations=power_iterations)
-  checks.static_args(who, **integers)
-  check_projection(who, projection, two_sided=two_sided, side=side, full_rank_scale=full_rank_scale)
-  check_step(
-    who,
-    side=side,
-    qh_nu=qh_nu,
-    low_rank_term=low_rank_term,
-    full_rank_numerator=full_rank_numerator,
-    error_feedback=error_feedback,
-  )
-  checks.one_of(who, "transport", transport, TRANSPORTS)
-  checks.one_of(who, "init_projection", init_projection, INIT_PROJECTIONS)
-  c = _Config(
+  options = LowRankOptions(
     rank=rank,
     b1=b1,
     b2=b2,
     eps=eps,
     omega=omega,
-    mu=mu,
+    full_rank_rescale=mu,
     full_rank_scale=full_rank_scale,
     full_rank_numerator=full_rank_numerator,
     qh_nu=qh_nu,
     low_rank_term=low_rank_term,
+    projection=projection,
+    side=side,
     transport=transport,
     error_feedback=error_feedback,
     error_feedback_dtype=error_feedback_dtype,
+    subspace_iterations=subspace_iterations,
+    two_sided=two_sided,
+    oversample=oversample,
+    power_iterations=power_iterations,
+  )
+  return low_rank_adam(
+    who,
+    options,
+    refresh_every=refresh_every,
+    init_projection=init_projection,
+    seed=seed,
+    matrix_axes=matrix_axes,
+  )
+
+
+def low_rank_adam(
+  who: str,
+  step: LowRankOptions,
+  *,
+  refresh_every: int | None,
+  init_projection: str,
+  seed: int | None,
+  matrix_axes: Any,
+) -> LowRankAdam:
+  """:func:`scale_by_low_rank_adam` from its options; every option checked, in ``who``'s
+  name (the method that built them)."""
+  checks.static_args(who, **_integers(step), refresh_every=refresh_every, seed=seed)
+  check_options(who, step)
+  checks.one_of(who, "init_projection", init_projection, INIT_PROJECTIONS)
+  c = _Config(
+    step=step,
     refresh_every=refresh_every,
     init_projection=init_projection,
     seed=0 if seed is None else seed,
     matrix_axes=matrix_axes,
     method=bases_lib.method(
-      projection, two_sided=two_sided, options=_basis_options(who, **integers, side=side)
+      step.projection, two_sided=step.two_sided, options=_basis_options(step)
     ),
   )
   init = functools.partial(_init, c)

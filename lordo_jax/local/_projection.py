@@ -3,12 +3,12 @@ r"""ComputeProjection: the r-dimensional basis a low-rank matrix lives in.
 The public face of the one-sided bases of :mod:`lordo_jax.local.bases` (one file per
 method: :mod:`~lordo_jax.local.bases.svd`, :mod:`~lordo_jax.local.bases.subspace_iteration`,
 :mod:`~lordo_jax.local.bases.dct`). Everything here is written for the *left* case of
-SPEC section 2: ``X`` is an ``n x q`` matrix and the basis ``Q`` is ``n x r`` with
+MATH.md §2: ``X`` is an ``n x q`` matrix and the basis ``Q`` is ``n x r`` with
 orthonormal columns, so the coordinates are ``Q^T X`` (``r x q``). The right case is
 the left case of ``X^T``; :func:`compute_projection` takes ``side="right"`` to
 compute it from X itself.
 
-Three methods (SPEC section 5), all in float32 whatever the parameter dtype:
+Three methods (MATH.md §5), all in float32 whatever the parameter dtype:
 
 * ``svd``: the first r left singular vectors of X, ordered by singular value.
 * ``subspace_iteration``: warm-started from the previous basis, n times
@@ -70,7 +70,7 @@ def compute_projection(
   *,
   side: str = "left",
 ) -> tuple[Basis, jax.Array]:
-  r"""ComputeProjection(X) of SPEC section 5.
+  r"""ComputeProjection(X) of MATH.md §5.
 
   ``side="right"`` computes the basis of the right case, the left case of
   :math:`X^\top`, without forming the transpose: the right singular vectors of X,
@@ -107,7 +107,7 @@ def exact_projection(x: jax.Array, previous: Basis, method: str, rank: int, side
   ``subspace_iteration`` needs a previous basis, so its first one is an exact SVD.
   """
   s = _strategy(x.shape, method, rank, side=side)
-  return (s.first or s.compute)(x, previous, None)
+  return (s.exact or s.compute)(x, previous, None)
 
 
 def random_basis(key: jax.Array, size: int, rank: int, method: str) -> Basis:

@@ -2,7 +2,7 @@ r"""Quasi-hyperbolic terms: the full-rank mix that keeps the subspace from freez
 
 With a global projection alone every local update lies in span(Q), so the
 pseudo-gradient does too, and its top-r subspace is span(Q) again: the projection
-never moves. LoRDO mixes a full-rank term into every update (SPEC section 3):
+never moves. LoRDO mixes a full-rank term into every update (MATH.md §3):
 
 .. math::
   F = \frac{G}{\mu\, s}, \qquad

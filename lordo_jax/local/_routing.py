@@ -1,6 +1,6 @@
 """Which leaves are low-rank matrices, and how a leaf is seen as a matrix.
 
-By default (SPEC section 2) every 2-D leaf with ``min(p, q) > rank`` takes the
+By default (MATH.md §2) every 2-D leaf with ``min(p, q) > rank`` takes the
 low-rank path and every other leaf (biases, norms, scalars, small matrices) takes
 the full-rank AdamW path. ``low_rank_labels`` overrides that: a pytree, or a
 function of the params returning one, whose leaves are

@@ -5,7 +5,7 @@ The public face of the two-sided bases of :mod:`lordo_jax.local.bases`
 :mod:`~lordo_jax.local.bases.two_sided_svd`, :mod:`~lordo_jax.local.bases.randomized_svd`).
 
 For a ``p x q`` matrix with orthonormal bases U (``p x r``) and V (``q x r``), the
-low-rank path of SPEC section 3 keeps its coordinates in the core
+low-rank path of MATH.md §3 keeps its coordinates in the core
 
 .. math::
   C = U^\top A V \quad (r \times r), \qquad L = U X V^\top,

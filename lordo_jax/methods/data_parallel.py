@@ -8,7 +8,7 @@ r"""Data parallelism: the gradient averaged every step, then the optimizer.
   averages only its ``r x q`` coordinates (and the gradient on refresh steps).
 
 Communication per step and per ``p x q`` matrix (payload elements per worker, before
-the ring all-reduce's ``2 (M - 1) / M``), SPEC section 7: DDP and low-rank DDP
+the ring all-reduce's ``2 (M - 1) / M``), MATH.md §7: DDP and low-rank DDP
 (``full``) ``pq``; low-rank DDP (``projected``) ``rq + pq / T``.
 """
 
@@ -122,7 +122,7 @@ def ddp(
   The chain :func:`average_gradients` then AdamW (``optax.adamw``'s pieces, moments
   in float32 whatever the parameter dtype); every worker holds the
   same parameters and moments. Communication: ``pq`` elements per ``p x q`` leaf
-  per step (SPEC section 7).
+  per step (MATH.md §7).
 
   Args:
     learning_rate: a float or an optax schedule.
@@ -215,7 +215,7 @@ def low_rank_ddp(
 ) -> optax.GradientTransformation:
   r"""Low-rank DDP (GaLore-DDP): low-rank Adam on the averaged gradient.
 
-  Every step, on each low-rank matrix (SPEC sections 3 and 6):
+  Every step, on each low-rank matrix (MATH.md §3 and §6):
 
   .. math::
     \bar G = \mathrm{pmean}_m(G_m), \quad c = Q^\top \bar G, \quad
@@ -227,7 +227,7 @@ def low_rank_ddp(
   and Q is recomputed from :math:`\bar G` at steps 1, T + 1, 2T + 1, ... With the
   defaults (``omega = 1``, ``transport="keep"``, ``projection="svd"``) this is
   ``optax.contrib.galore`` on the mean gradient, up to the sign convention of the
-  singular vectors (ours are canonical, SPEC section 5). Leaves that are not
+  singular vectors (ours are canonical, MATH.md §5). Leaves that are not
   low-rank matrices take AdamW on the averaged gradient.
 
   ``communicate`` chooses what travels; both give the same iterates, since Q is
@@ -322,6 +322,7 @@ def low_rank_ddp(
     step,
     learning_rate,
     who=who,
+    full_rank_nu=full_rank_nu,
     weight_decay=weight_decay,
     low_rank_labels=low_rank_labels,
     init_projection="gradient",

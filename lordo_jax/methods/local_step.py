@@ -9,7 +9,7 @@ parameter dtype (:func:`lordo_jax.in_float32`):
 with the direction Adam's :math:`\hat u / (\sqrt{\hat v} + \epsilon)` (QHAdam's
 :math:`((1 - \nu) g + \nu \hat u) / (\sqrt{\hat v} + \epsilon)` on the full-rank
 path with ``full_rank_nu`` :math:`= \nu < 1`), or, on a low-rank matrix, the
-quasi-hyperbolic mix of :func:`lordo_jax.scale_by_low_rank_adam` (SPEC section 3).
+quasi-hyperbolic mix of :func:`lordo_jax.scale_by_low_rank_adam` (MATH.md §3).
 :func:`lordo_jax.lordo`, its ablations and :func:`lordo_jax.low_rank_ddp` take
 :func:`low_rank_adamw`; the other methods take :func:`adamw`.
 """
@@ -24,7 +24,6 @@ from lordo_jax.local import _low_rank_adam as low_rank_lib
 from lordo_jax.local import _precision as precision
 from lordo_jax.local import _quasi_hyperbolic as quasi_hyperbolic
 from lordo_jax.local import _routing as routing
-from lordo_jax.methods import options
 
 
 def _decoupled(direction, learning_rate, weight_decay) -> optax.GradientTransformation:
@@ -90,10 +89,11 @@ def local_adamw_path(
 
 
 def low_rank_adamw(
-  step: options.LowRankStep,
+  step: low_rank_lib.LowRankOptions,
   learning_rate: optax.ScalarOrSchedule,
   *,
   weight_decay: float,
+  full_rank_nu: float = 1.0,
   low_rank_labels: Any,
   init_projection: str,
   seed: int | None = None,
@@ -103,19 +103,17 @@ def low_rank_adamw(
 ) -> tuple[low_rank_lib.LowRankAdam, optax.GradientTransformation]:
   """``(low_rank, local)``: the low-rank local step of :func:`lordo_jax.lordo`.
 
-  ``low_rank`` is the :class:`~lordo_jax.LowRankAdam` on the matrices,
-  :func:`lordo_jax.scale_by_low_rank_adam` with the options of ``step`` (checked by
-  :func:`options.low_rank_step`), ``low_rank_labels`` as its ``matrix_axes`` and the
-  keyword arguments here; ``local`` is :func:`local_adamw_path` around
-  ``matrices_path(low_rank)`` (Adam on the other leaves, or QHAdam with
-  ``step.full_rank_nu``; decoupled weight decay, learning rate). ``matrices_path``
+  ``low_rank`` is the :class:`~lordo_jax.LowRankAdam` on the matrices, the primitive
+  built from ``step`` (checked in ``who``'s name), ``low_rank_labels`` as its
+  ``matrix_axes`` and the keyword arguments here; ``local`` is
+  :func:`local_adamw_path` around ``matrices_path(low_rank)`` (Adam on the other
+  leaves, or QHAdam with ``full_rank_nu``; decoupled weight decay, learning rate). ``matrices_path``
   may make the low-rank step data-parallel, as
   :func:`lordo_jax.comm._projected_mean.projected_mean` does for low-rank DDP.
   """
-  options = step._asdict()
-  full_rank_nu = options.pop("full_rank_nu")
-  low_rank = low_rank_lib.scale_by_low_rank_adam(
-    **options,
+  low_rank = low_rank_lib.low_rank_adam(
+    who,
+    step,
     refresh_every=refresh_every,
     init_projection=init_projection,
     seed=seed,

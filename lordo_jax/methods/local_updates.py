@@ -1,7 +1,7 @@
 r"""Local updates: local AdamW steps, synchronised every K steps.
 
 Each method is :func:`lordo_jax.synchronize` of AdamW
-(:func:`lordo_jax.methods.local_step.adamw`), SPEC section 6:
+(:func:`lordo_jax.methods.local_step.adamw`), MATH.md §6:
 
 * :func:`local_adam`: params and both moments every K.
 * :func:`desloc`: params every K_x, moments every K_u and K_v.
@@ -9,7 +9,7 @@ Each method is :func:`lordo_jax.synchronize` of AdamW
   stay local.
 
 Communication per step and per ``p x q`` matrix (payload elements per worker, before
-the ring all-reduce's ``2 (M - 1) / M``), SPEC section 7: Local Adam ``3pq / K``;
+the ring all-reduce's ``2 (M - 1) / M``), MATH.md §7: Local Adam ``3pq / K``;
 DES-LOC ``pq (1/K_x + 1/K_u + 1/K_v)``; DiLoCo ``pq / K``.
 """
 
@@ -48,7 +48,7 @@ def local_adam(
 
   (the parameters through the pseudo-gradient :math:`\text{anchor} - \theta_m` and
   plain averaging, :func:`synchronize` with the identity outer step).
-  Communication: ``3pq`` elements per ``p x q`` leaf per K steps (SPEC section 7).
+  Communication: ``3pq`` elements per ``p x q`` leaf per K steps (MATH.md §7).
 
   Args:
     learning_rate: a float or an optax schedule.
@@ -130,7 +130,7 @@ def desloc(
 
   :func:`synchronize` with ``first_moment_every = K_u / K_x`` and
   ``second_moment_every = K_v / K_x`` syncs. Communication per ``p x q`` leaf:
-  ``pq (1 + K_x/K_u + K_x/K_v)`` elements per K_x steps (SPEC section 7).
+  ``pq (1 + K_x/K_u + K_x/K_v)`` elements per K_x steps (MATH.md §7).
 
   Args:
     learning_rate: a float or an optax schedule.
@@ -210,7 +210,7 @@ def diloco(
 
   :func:`synchronize` with ``optax.sgd(outer_learning_rate, outer_momentum,
   nesterov)`` as the outer optimizer and no moment averaging. Communication: ``pq``
-  elements per ``p x q`` leaf per K steps (SPEC section 7).
+  elements per ``p x q`` leaf per K steps (MATH.md §7).
 
   Args:
     learning_rate: the inner AdamW's learning rate (float or schedule).

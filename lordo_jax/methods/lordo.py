@@ -2,7 +2,7 @@ r"""LoRDO and its two ablations: low-rank Adam with infrequent synchronisation.
 
 * :func:`lordo`: every K steps the workers average their pseudo-gradient and their
   ``r x q`` moments, and every basis is recomputed from the averaged pseudo-gradient
-  (SPEC sections 3 to 5); a full-rank quasi-hyperbolic term keeps the subspace
+  (MATH.md §3 to §5); a full-rank quasi-hyperbolic term keeps the subspace
   moving.
 * :func:`lordo_local_projection`: each worker's basis from its own gradient; the
   moments stay local.
@@ -12,7 +12,7 @@ r"""LoRDO and its two ablations: low-rank Adam with infrequent synchronisation.
 Each is :func:`lordo_jax.synchronize` of the low-rank local step
 (:func:`lordo_jax.methods.local_step.low_rank_adamw`). Communication per round of K
 steps and per ``p x q`` matrix: ``pq + 2rq`` elements for LoRDO and its global
-ablation, ``pq`` for the local ablation (SPEC section 7).
+ablation, ``pq`` for the local ablation (MATH.md §7).
 """
 
 from typing import Any
@@ -63,11 +63,11 @@ def lordo(
 ) -> optax.GradientTransformationExtraArgs:
   r"""LoRDO: low-rank Adam with infrequent synchronisation and a full-rank QH term.
 
-  Each worker takes local steps (SPEC section 3); every ``sync_every`` steps the
+  Each worker takes local steps (MATH.md §3); every ``sync_every`` steps the
   workers average their pseudo-gradient, take the outer step, average their
   ``r x q`` moments, and recompute every matrix's basis from the averaged
   pseudo-gradient, which all workers hold, so the subspace is shared for free
-  (SPEC sections 4 and 5). For each low-rank matrix:
+  (MATH.md §4 and §5). For each low-rank matrix:
 
   .. math::
     \text{direction} = (1 - \omega) \frac{G}{\mu s}
@@ -106,7 +106,7 @@ def lordo(
       larger dimension, as the LoRDO authors' GaLore).
     transport: ``"rotate"``, ``"keep"`` or ``"reset"``.
     error_feedback: keep and feed back the projection residual (off by default,
-      SPEC section 3 says why).
+      MATH.md §3 says why).
     error_feedback_dtype: ``"float32"`` or ``"bfloat16"`` (half the memory). A name,
       not a dtype object, so that ``optax.inject_hyperparams`` leaves it alone.
     init_projection: ``"gradient"`` (from the averaged first gradient, one counted
@@ -172,6 +172,7 @@ def lordo(
     step,
     learning_rate,
     who=who,
+    full_rank_nu=full_rank_nu,
     weight_decay=weight_decay,
     low_rank_labels=low_rank_labels,
     init_projection="random" if init_projection == "random" else "external",
@@ -185,7 +186,7 @@ def lordo(
     first_moment_every=sync_moments_every,
     second_moment_every=sync_moments_every,
     low_rank=low_rank,
-    init_projection=init_projection,
+    init_projection="gradient" if init_projection == "gradient" else None,
     fault_tolerant=fault_tolerant,
     offload=offload,
     compression=compression,
@@ -222,7 +223,7 @@ def lordo_local_projection(
 ) -> optax.GradientTransformationExtraArgs:
   r"""LoRDO ablation: each worker projects with its own gradient; moments stay local.
 
-  The local step of :func:`lordo` (SPEC section 3) and its pseudo-gradient average
+  The local step of :func:`lordo` (MATH.md §3) and its pseudo-gradient average
   every K steps, but every basis comes from the worker's own current gradient
   :math:`G_m` (at step 1 and at every sync), not from the averaged pseudo-gradient:
 
@@ -304,7 +305,7 @@ def lordo_global_projection_only(
 
   Every local update then lies in span(Q), so the averaged pseudo-gradient does too,
   and its top-r subspace, the next Q, is span(Q) again: the subspace never moves
-  from the first one (SPEC section 1). The ablation that shows why LoRDO needs the
+  from the first one (MATH.md §1). The ablation that shows why LoRDO needs the
   quasi-hyperbolic term. Communication: as :func:`lordo`.
 
   Args:

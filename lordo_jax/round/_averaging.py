@@ -32,7 +32,7 @@ from lordo_jax.comm import _collectives as collectives
 from lordo_jax.comm import _compression as compression_lib
 from lordo_jax.local.bases import layout
 from lordo_jax.round import _faults as faults
-from lordo_jax.round import _inner_state as trees
+from lordo_jax.round import _moment_trees as moment_trees
 
 
 class Averaging(NamedTuple):
@@ -40,7 +40,7 @@ class Averaging(NamedTuple):
 
   mean: Callable  # (tree, present, ledger) -> (mean, fraction, ledger): a gradient.
   moment_mean: Callable  # The same, for the optimizer moments.
-  pseudo_gradient_mean: Callable  # (delta, present, ledger, residual, keep) -> (.., residual).
+  pseudo_gradient_mean: Callable  # (delta, present, ledger, residual, fragment) -> (.., residual).
   init_residual: Callable  # params -> the error-feedback state; () without feedback.
   admit: Callable  # (present, tree) -> present: whether this worker's tree enters the mean.
   guard_step: Callable  # (grads, updates, state, before, faults) -> the kept local step.
@@ -60,8 +60,8 @@ def _counted(axis_name: str | None, codec: str | None) -> Callable:
 def _without_residual(mean: Callable) -> Callable:
   """A pseudo-gradient mean with no error feedback: ``mean``, the residual passed on."""
 
-  def pseudo_gradient_mean(delta, present, ledger, residual, keep):
-    del keep
+  def pseudo_gradient_mean(delta, present, ledger, residual, fragment):
+    del fragment
     return (*mean(delta, present, ledger), residual)
 
   return pseudo_gradient_mean
@@ -118,17 +118,17 @@ def compressed(axis_name: str | None, codec: str) -> Averaging:
   r"""Every message encoded with ``codec``; the pseudo-gradient with error feedback.
 
   The residual :math:`e_m` (float32, like the params, per worker) of the leaves in
-  ``keep`` goes with this sync's pseudo-gradient, :math:`\Delta_m + e_m`, and takes
+  ``fragment`` goes with this sync's pseudo-gradient, :math:`\Delta_m + e_m`, and takes
   what its encoding lost; the other leaves' residuals wait for their own sync.
   """
 
-  def pseudo_gradient_mean(delta, present, ledger, residual, keep):
+  def pseudo_gradient_mean(delta, present, ledger, residual, fragment):
     del present
-    own = trees.select(residual, keep)
+    own = moment_trees.select(residual, fragment)
     delta, ledger, own = collectives.counted_mean(
       delta, ledger, axis_name, compression_codec=codec, residual=own
     )
-    return delta, jnp.ones([], jnp.float32), ledger, trees.merge(residual, own)
+    return delta, jnp.ones([], jnp.float32), ledger, moment_trees.merge(residual, own)
 
   def init_residual(params):
     # Split like its parameter (Explicit mesh axes inside a worker), as the anchor is.

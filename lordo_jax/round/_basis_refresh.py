@@ -28,14 +28,14 @@ import jax
 
 from lordo_jax.local import _low_rank_adam as low_rank_lib
 from lordo_jax.round import _averaging as averaging
-from lordo_jax.round import _inner_state as trees
+from lordo_jax.round import _moment_trees as moment_trees
 
 
 class ProjectionSource(NamedTuple):
   """Where a refresh takes its source matrix from."""
 
-  first: Callable  # (grads, present, ledger, mean) -> (source, ledger): before step 1.
-  at_sync: Callable  # (delta, grads, keep) -> source: at a sync of the leaves in keep.
+  before_first_step: Callable  # (grads, present, ledger, mean) -> (source, ledger): before step 1.
+  at_sync: Callable  # (delta, grads, fragment) -> source: at a sync of the leaves in fragment.
 
 
 def _averaged_first_gradient(grads, present, ledger, mean):
@@ -52,12 +52,12 @@ def _own_first_gradient(grads, present, ledger, mean):
 
 SOURCES = {
   "pseudo_gradient": ProjectionSource(
-    first=_averaged_first_gradient,
-    at_sync=lambda delta, grads, keep: delta,
+    before_first_step=_averaged_first_gradient,
+    at_sync=lambda delta, grads, fragment: delta,
   ),
   "local_gradient": ProjectionSource(
-    first=_own_first_gradient,
-    at_sync=lambda delta, grads, keep: trees.select(grads, keep),
+    before_first_step=_own_first_gradient,
+    at_sync=lambda delta, grads, fragment: moment_trees.select(grads, fragment),
   ),
 }
 
@@ -87,28 +87,28 @@ def initial_projection(
   Returns:
     ``(inner_state, ledger)``.
   """
-  matrices = trees.low_rank_leaves(inner_state, grads)
-  matrices, ledger = source.first(matrices, present, ledger, mean)
-  return trees.refresh_projections(inner_state, low_rank, matrices, first=True), ledger
+  matrices = moment_trees.low_rank_leaves(inner_state, grads)
+  matrices, ledger = source.before_first_step(matrices, present, ledger, mean)
+  return moment_trees.refresh_projections(inner_state, low_rank, matrices, first=True), ledger
 
 
 def refresh_at_sync(
   inner_state: Any,
   delta,
   grads,
-  keep,
+  fragment,
   fraction,
   *,
   low_rank: low_rank_lib.LowRankAdam,
   source: ProjectionSource,
 ):
-  r"""The bases of the leaves in ``keep`` recomputed from this sync's source.
+  r"""The bases of the leaves in ``fragment`` recomputed from this sync's source.
 
   Args:
     inner_state: the local optimizer's state.
-    delta: the averaged pseudo-gradient :math:`\Delta` of the leaves in ``keep``.
+    delta: the averaged pseudo-gradient :math:`\Delta` of the leaves in ``fragment``.
     grads: this worker's gradient of the sync step.
-    keep: the fragment's leaves (``None``: all).
+    fragment: the fragment's leaves (``None``: all).
     fraction: the share of workers in the mean of ``delta``; at 0 nothing changes.
     low_rank: the :class:`~lordo_jax.local._low_rank_adam.LowRankAdam` inside the optimizer.
     source: the :class:`ProjectionSource`.
@@ -116,8 +116,8 @@ def refresh_at_sync(
   Returns:
     The local optimizer's state with the new bases and transported moments.
   """
-  matrices = trees.low_rank_leaves(inner_state, source.at_sync(delta, grads, keep))
-  refreshed = trees.refresh_projections(inner_state, low_rank, matrices, keep=keep)
+  matrices = moment_trees.low_rank_leaves(inner_state, source.at_sync(delta, grads, fragment))
+  refreshed = moment_trees.refresh_projections(inner_state, low_rank, matrices, fragment=fragment)
   return averaging.unless_empty(fraction, refreshed, inner_state)
 
 
@@ -125,7 +125,7 @@ class BasisRefresh(NamedTuple):
   """What ``synchronize`` does to the bases: before step 1, and at each sync."""
 
   before_first_step: Callable  # (count, grads, inner_state, ledger, present) -> (state, ledger).
-  at_sync: Callable  # (inner_state, delta, grads, keep, fraction) -> inner_state.
+  at_sync: Callable  # (inner_state, delta, grads, fragment, fraction) -> inner_state.
 
 
 def _unchanged_before_first_step(count, grads, inner_state, ledger, present):
@@ -134,9 +134,9 @@ def _unchanged_before_first_step(count, grads, inner_state, ledger, present):
   return inner_state, ledger
 
 
-def _unchanged_at_sync(inner_state, delta, grads, keep, fraction):
+def _unchanged_at_sync(inner_state, delta, grads, fragment, fraction):
   """No low-rank basis: the state as it is."""
-  del delta, grads, keep, fraction
+  del delta, grads, fragment, fraction
   return inner_state
 
 
@@ -167,9 +167,9 @@ def choose(
       ledger,
     )
 
-  def at_sync(inner_state, delta, grads, keep, fraction):
+  def at_sync(inner_state, delta, grads, fragment, fraction):
     return refresh_at_sync(
-      inner_state, delta, grads, keep, fraction, low_rank=low_rank, source=source
+      inner_state, delta, grads, fragment, fraction, low_rank=low_rank, source=source
     )
 
   if init_projection != "gradient":

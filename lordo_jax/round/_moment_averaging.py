@@ -10,7 +10,7 @@ sync (1-based, counted per fragment) the fields due are
 and fields with the same period go in one message. A moment is replaced by its mean
 over the workers, :math:`m \leftarrow \mathrm{mean}_m(m)`, for the low-rank moments
 (``r x q``) and the full-rank path's Adam moments alike
-(:mod:`lordo_jax.round._inner_state`), and kept as it is where nobody was present.
+(:mod:`lordo_jax.round._moment_trees`), and kept as it is where nobody was present.
 """
 
 from collections.abc import Callable
@@ -19,7 +19,7 @@ from typing import Any
 import jax
 
 from lordo_jax.round import _averaging as averaging
-from lordo_jax.round import _inner_state as trees
+from lordo_jax.round import _moment_trees as moment_trees
 
 
 def moment_groups(first_moment_every: int | None, second_moment_every: int | None) -> list:
@@ -49,37 +49,37 @@ def due(sync_index, groups: list) -> list:
   return [(sync_index % period == 0, fields) for period, fields in groups]
 
 
-def average_moments(inner_state, ledger, fields, present, keep, mean: Callable):
-  """``inner_state`` with its ``fields`` moments of the leaves in ``keep`` averaged.
+def average_moments(inner_state, ledger, fields, present, fragment, mean: Callable):
+  """``inner_state`` with its ``fields`` moments of the leaves in ``fragment`` averaged.
 
   Args:
     inner_state: the local optimizer's state.
     ledger: the wrapper's ledger.
     fields: the moment fields to average, ``("mu",)``, ``("nu",)`` or both.
     present: whether this worker's moments enter the mean.
-    keep: the leaves to average (``None``: all).
+    fragment: the leaves to average (``None``: all).
     mean: ``(tree, present, ledger) -> (mean, fraction, ledger)``, one message.
 
   Returns:
     ``(inner_state, ledger)``; where nobody was present the moments are kept.
   """
-  moments = {f: trees.moment_tree(inner_state, f, keep) for f in fields}
+  moments = {f: moment_trees.moment_tree(inner_state, f, fragment) for f in fields}
   averaged, fraction, ledger = mean(moments, present, ledger)
   for f in fields:
     kept = averaging.unless_empty(fraction, averaged[f], moments[f])
-    inner_state = trees.with_moments(inner_state, f, kept)
+    inner_state = moment_trees.with_moments(inner_state, f, kept)
   return inner_state, ledger
 
 
 def average_due_moments(
-  inner_state: Any, ledger, sync_index, groups: list, present, keep, mean: Callable
+  inner_state: Any, ledger, sync_index, groups: list, present, fragment, mean: Callable
 ):
   """The moments due at sync ``sync_index`` (:func:`due`) averaged, each group in a
   ``lax.cond`` of its own, so nothing is sent at the syncs where it is not due."""
   for predicate, fields in due(sync_index, groups):
     inner_state, ledger = jax.lax.cond(
       predicate,
-      lambda s, led, fs=fields: average_moments(s, led, fs, present, keep, mean),
+      lambda s, led, fs=fields: average_moments(s, led, fs, present, fragment, mean),
       lambda s, led: (s, led),
       inner_state,
       ledger,

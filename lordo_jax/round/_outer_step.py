@@ -1,6 +1,6 @@
 r"""The outer step of a sync: pseudo-gradient, outer optimizer, synchronised anchor.
 
-At a sync of the leaves in ``keep`` (one fragment; all leaves without streaming)
+At a sync of the leaves in ``fragment`` (one fragment; all leaves without streaming)
 each worker forms its pseudo-gradient from its parameters after the local step,
 
 .. math::
@@ -12,7 +12,7 @@ optimizer takes a step on it with the anchor as params,
 .. math::
   \theta = \text{anchor} + \text{outer}(\Delta), \qquad \text{anchor} \leftarrow \theta,
 
-for the leaves in ``keep`` only: the outer optimizer is ``optax.masked`` to the
+for the leaves in ``fragment`` only: the outer optimizer is ``optax.masked`` to the
 fragment, so each fragment has its own outer state (DiLoCo's momentum), advanced at
 its own syncs. The default outer optimizer, ``optax.sgd(1.0)``, makes :math:`\theta`
 the mean of the workers' parameters. Where nobody was present the anchor and the
@@ -27,7 +27,7 @@ import optax
 
 from lordo_jax.local import _precision as precision
 from lordo_jax.round import _averaging as averaging
-from lordo_jax.round import _inner_state as trees
+from lordo_jax.round import _moment_trees as moment_trees
 
 
 def outer_transform(outer_optimizer: optax.GradientTransformation | None):
@@ -35,41 +35,45 @@ def outer_transform(outer_optimizer: optax.GradientTransformation | None):
   return precision.in_float32(optax.sgd(1.0) if outer_optimizer is None else outer_optimizer)
 
 
-def for_fragment(outer: optax.GradientTransformation, keep: Any):
-  """``outer`` restricted to the leaves in ``keep`` (``None``: all of them)."""
-  return outer if keep is None else optax.masked(outer, keep)
+def for_fragment(outer: optax.GradientTransformation, fragment: Any):
+  """``outer`` restricted to the leaves in ``fragment`` (``None``: all of them)."""
+  return outer if fragment is None else optax.masked(outer, fragment)
 
 
 def init_outer_states(outer: optax.GradientTransformation, params: Any, masks: list) -> tuple:
   """One outer state per fragment, each masked to its fragment's leaves."""
-  return tuple(for_fragment(outer, keep).init(params) for keep in masks)
+  return tuple(for_fragment(outer, fragment).init(params) for fragment in masks)
 
 
-def pseudo_gradient(anchor: Any, local_params: Any, keep: Any) -> Any:
-  r""":math:`\Delta_m = \text{anchor} - \theta_m` on the leaves in ``keep``
+def pseudo_gradient(anchor: Any, local_params: Any, fragment: Any) -> Any:
+  r""":math:`\Delta_m = \text{anchor} - \theta_m` on the leaves in ``fragment``
   (the others ``optax.MaskedNode()``)."""
-  return trees.select(jax.tree.map(lambda a, x: a - x, anchor, local_params), keep)
+  return moment_trees.select(jax.tree.map(lambda a, x: a - x, anchor, local_params), fragment)
 
 
-def outer_step(outer, keep, anchor, delta, outer_state, fraction):
+def outer_step(outer, fragment, anchor, delta, outer_state, fraction):
   r"""The anchor and outer state after the outer step on the averaged :math:`\Delta`.
 
   Args:
     outer: the outer optimizer (:func:`outer_transform`).
-    keep: the fragment's leaves (``None``: all).
+    fragment: the fragment's leaves (``None``: all).
     anchor: the parameters at the last sync, the same on every worker.
-    delta: the averaged pseudo-gradient of the leaves in ``keep``.
+    delta: the averaged pseudo-gradient of the leaves in ``fragment``.
     outer_state: the fragment's outer state.
     fraction: the share of workers in the mean of ``delta``.
 
   Returns:
     ``(anchor, outer_state)``: the synchronised parameters on the leaves in
-    ``keep`` (the anchor elsewhere), and the fragment's new outer state; both
+    ``fragment`` (the anchor elsewhere), and the fragment's new outer state; both
     unchanged when nobody was in the mean.
   """
-  full_delta = trees.merge(jax.tree.map(jnp.zeros_like, anchor), delta)
-  outer_updates, new_outer_state = for_fragment(outer, keep).update(full_delta, outer_state, anchor)
-  synced = trees.merge(anchor, trees.select(optax.apply_updates(anchor, outer_updates), keep))
+  full_delta = moment_trees.merge(jax.tree.map(jnp.zeros_like, anchor), delta)
+  outer_updates, new_outer_state = for_fragment(outer, fragment).update(
+    full_delta, outer_state, anchor
+  )
+  synced = moment_trees.merge(
+    anchor, moment_trees.select(optax.apply_updates(anchor, outer_updates), fragment)
+  )
   return (
     averaging.unless_empty(fraction, synced, anchor),
     averaging.unless_empty(fraction, new_outer_state, outer_state),

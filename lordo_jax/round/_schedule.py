@@ -23,7 +23,7 @@ from lordo_jax.round import _periods as schedules
 
 
 def fragment_masks(params: Any, fragments) -> list:
-  """One ``keep`` tree of Python bools per fragment; ``[None]`` without streaming.
+  """One ``fragment`` tree of Python bools per fragment; ``[None]`` without streaming.
 
   Args:
     params: the parameters (their tree and leaf sizes decide the split).

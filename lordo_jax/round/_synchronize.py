@@ -1,4 +1,4 @@
-r"""Infrequent synchronisation: the K-step round of SPEC section 4.
+r"""Infrequent synchronisation: the K-step round of MATH.md §4.
 
 :func:`synchronize` wraps a local optimizer. Every step it applies the local
 optimizer; at the end of every round (step :math:`t` with :math:`t \bmod K = 0` for
@@ -254,6 +254,7 @@ def synchronize(
     name, sync_every, fragments, compression, fault_tolerant, moment_periods
   )
   checks.one_of(name, "projection_source", projection_source, PROJECTION_SOURCES)
+  checks.one_of(name, "init_projection", init_projection, ("gradient", None))
   checks.one_of(name, "offload", offload, (False, True))
   averaging = averaging_lib.choose(
     axis_name, fault_tolerant=fault_tolerant, compression=compression
@@ -295,7 +296,7 @@ def synchronize(
     # The branch recomputes the local updates: see "Cost of a local step" above.
     new_state, anchor = _end_rounds(
       parts.offload,
-      lambda f, keep, s: sync(f, keep, s, local_updates=local_step()[0]),
+      lambda f, fragment, s: sync(f, fragment, s, local_updates=local_step()[0]),
       zip(masks, predicates, strict=True),
       new_state,
       params,
@@ -314,15 +315,15 @@ def synchronize(
 
 
 def _end_rounds(offload, sync, rounds, state, params):
-  """Each fragment's ``sync(f, keep, state)`` where its round ends (a ``lax.cond``).
+  """Each fragment's ``sync(f, fragment, state)`` where its round ends (a ``lax.cond``).
 
   Returns the state and the anchor step 6 lands on, on the device. With offload the
   state's anchor is in host memory, so the one returned is the synchronised one the
   sync branch leaves on the device, and a do-nothing buffer between syncs.
   """
   anchor = jax.tree.map(jnp.zeros_like, params) if offload else state.anchor
-  for f, (keep, predicate) in enumerate(rounds):
-    sync_now = functools.partial(sync, f, keep)
+  for f, (fragment, predicate) in enumerate(rounds):
+    sync_now = functools.partial(sync, f, fragment)
     if offload:
       state, anchor = jax.lax.cond(
         predicate,
@@ -373,14 +374,14 @@ def _sync_offloaded(sync_now, state):
   return _placed(state, offload_lib.to_host), state.anchor
 
 
-def _sync_fragment(parts: _Round, f, keep, state, *, grads, params, local_updates, present):
-  """Steps 1-5 of the round for the leaves in ``keep`` (fragment ``f``): the new
+def _sync_fragment(parts: _Round, f, fragment, state, *, grads, params, local_updates, present):
+  """Steps 1-5 of the round for the leaves in ``fragment`` (fragment ``f``): the new
   state, whose anchor holds the synchronised parameters of those leaves.
 
   Args:
     parts: the round's parts.
     f: the fragment's index.
-    keep: the fragment's leaves (``None``: all).
+    fragment: the fragment's leaves (``None``: all).
     state: the state after this step's local step (its count advanced).
     grads: this step's gradient.
     params: the parameters before this step.
@@ -389,13 +390,13 @@ def _sync_fragment(parts: _Round, f, keep, state, *, grads, params, local_update
   """
   averaging = parts.averaging
   local_params = optax.apply_updates(params, local_updates)
-  delta = outer_lib.pseudo_gradient(state.anchor, local_params, keep)  # 1.
+  delta = outer_lib.pseudo_gradient(state.anchor, local_params, fragment)  # 1.
   present = averaging.admit(present, delta)
   delta, fraction, ledger, residual = averaging.pseudo_gradient_mean(  # 2.
-    delta, present, state.ledger, state.residual, keep
+    delta, present, state.ledger, state.residual, fragment
   )
   anchor, outer_state = outer_lib.outer_step(  # 3.
-    parts.outer, keep, state.anchor, delta, state.outer_state[f], fraction
+    parts.outer, fragment, state.anchor, delta, state.outer_state[f], fraction
   )
   inner_state, ledger = moment_averaging.average_due_moments(  # 4.
     state.inner_state,
@@ -403,10 +404,10 @@ def _sync_fragment(parts: _Round, f, keep, state, *, grads, params, local_update
     state.syncs[f] + 1,
     parts.moment_groups,
     present,
-    keep,
+    fragment,
     averaging.moment_mean,
   )
-  inner_state = parts.refresh.at_sync(inner_state, delta, grads, keep, fraction)  # 5.
+  inner_state = parts.refresh.at_sync(inner_state, delta, grads, fragment, fraction)  # 5.
   outer_states = state.outer_state
   return state._replace(
     inner_state=inner_state,

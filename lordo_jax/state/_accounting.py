@@ -130,10 +130,10 @@ def state_bytes(state: Any) -> dict[str, int]:
   memory, wherever it is now: for every :func:`lordo_jax.synchronize` in the state,
   its anchor (the parameters at the last sync), its outer optimizer's state (DiLoCo's
   outer momentum) and, with compression, its error-feedback residual, all read and
-  written only at a sync, once every K steps (SPEC section 8). Everything else
+  written only at a sync, once every K steps (MATH.md §8). Everything else
   (moments, bases, error buffers, counters, flags, ledgers) is used at every step.
 
-  Per ``p x q`` float32 matrix, left case (``p >= q``), SPEC section 8: AdamW ``2pq``;
+  Per ``p x q`` float32 matrix, left case (``p >= q``), MATH.md §8: AdamW ``2pq``;
   LoRDO ``pr + 2rq`` used every step (``+ pq`` with error feedback, in its dtype) and
   an offloadable ``pq``; with ``projection="dct"`` the basis is ``r`` int32 indices
   instead of ``pr`` floats. Counters and ledgers add a few bytes per transformation.

@@ -98,7 +98,7 @@ def orthonormal(y: jax.Array) -> jax.Array:
   number by about :math:`(s / \lVert Y \rVert_F^2)^{1/2}`, then two plain passes that restore
   orthogonality (a plain Cholesky-QR breaks down beyond condition number
   :math:`u^{-1/2}`, some :math:`4 \cdot 10^3` in float32; this one holds to
-  :math:`10^6`, ``tests/test_basis_layout.py``):
+  :math:`10^6`, ``tests/local/test_basis_layout.py``):
 
   .. math::
     R_{k+1} = \mathrm{chol}(Q_k^\top Q_k + s_k I)^\top,\ Q_{k+1} = Q_k R_{k+1}^{-1},

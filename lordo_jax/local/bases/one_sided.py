@@ -1,6 +1,6 @@
 r"""What every one-sided basis shares: its side, and the products with its matrix Q.
 
-For a ``p x q`` matrix, SPEC section 2 projects on the *left* (Q is ``p x r``) when
+For a ``p x q`` matrix, MATH.md §2 projects on the *left* (Q is ``p x r``) when
 ``p >= q`` with ``side="auto"``, else on the *right* (Q is ``q x r``); ``"galore_std"``
 reverses that for rectangular matrices (:func:`is_left`):
 
@@ -22,7 +22,7 @@ from lordo_jax.local.bases import strategy as strategy_lib
 
 
 def is_left(p: int, q: int, side: str) -> bool:
-  """The side of SPEC section 2: ``auto`` projects on the left when p >= q.
+  """The side of MATH.md §2: ``auto`` projects on the left when p >= q.
 
   ``galore_std`` (GaLore's standard projection, which keeps the moments on the larger
   dimension) projects on the left when p <= q: the reverse of ``auto``, except that a
@@ -59,7 +59,7 @@ def strategy(
   *,
   init,
   compute,
-  first=None,
+  exact=None,
   dense=layout.whole,
   overlap=lambda new, old: layout.whole(new).T @ layout.whole(old),
   stored_split: bool = True,
@@ -84,7 +84,7 @@ def strategy(
   return strategy_lib.BasisStrategy(
     init=init,
     compute=compute,
-    first=first,
+    exact=exact,
     dense=dense,
     project=project,
     unproject=unproject,
@@ -99,7 +99,7 @@ def strategy(
   )
 
 
-def dense_method(options: strategy_lib.Options, compute, first=None) -> strategy_lib.Method:
+def dense_method(options: strategy_lib.Options, compute, exact=None) -> strategy_lib.Method:
   """A :class:`~lordo_jax.local.bases.strategy.Method` whose basis is stored as its matrix Q.
 
   ``compute(left)`` (and ``first(left)``, if the first basis differs) make the
@@ -115,7 +115,7 @@ def dense_method(options: strategy_lib.Options, compute, first=None) -> strategy
       left,
       init=dense_init(p if left else q, options.rank),
       compute=compute(left),
-      first=None if first is None else first(left),
+      exact=None if exact is None else exact(left),
     )
 
   return strategy_lib.Method(make, strategy_lib.bases_of_mean)

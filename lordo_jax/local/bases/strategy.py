@@ -40,7 +40,7 @@ class BasisStrategy(NamedTuple):
 
   init: Callable  # key -> a random basis; None -> a placeholder, replaced before use.
   compute: Callable  # (matrix, previous, key) -> (basis, ok): a refresh, warm-started.
-  first: Callable | None  # Like compute, for a run's first basis where it differs.
+  exact: Callable | None  # Like compute, for a run's first basis where it differs.
   dense: Callable  # basis -> the form project, unproject take (formed once a step).
   project: Callable  # (dense, p x q matrix) -> coordinates.
   unproject: Callable  # (dense, coordinates) -> p x q matrix.
@@ -91,16 +91,16 @@ def checked(basis: Any, previous: Any) -> tuple[Any, jax.Array]:
   ok = finite[0]
   for more in finite[1:]:
     ok = ok & more
-  keep = lambda new, old: jnp.where(ok, layout.like(new, old), old)  # noqa: E731
-  return jax.tree.map(keep, basis, previous), ok
+  kept = lambda new, old: jnp.where(ok, layout.like(new, old), old)  # noqa: E731
+  return jax.tree.map(kept, basis, previous), ok
 
 
 def new_basis(strategy: BasisStrategy, matrix, previous, key, first) -> tuple[Any, jax.Array]:
-  """``(basis, ok)`` of one refresh; ``first`` (bool, or a traced bool) picks ``first``."""
-  exact = strategy.first or strategy.compute
+  """``(basis, ok)`` of one refresh; ``first`` (bool, or a traced bool) picks ``exact``."""
+  exact = strategy.exact or strategy.compute
   if first is True:
     return exact(matrix, previous, key)
-  if first is False or strategy.first is None:
+  if first is False or strategy.exact is None:
     return strategy.compute(matrix, previous, key)
   return jax.lax.cond(
     first, lambda: exact(matrix, previous, key), lambda: strategy.compute(matrix, previous, key)

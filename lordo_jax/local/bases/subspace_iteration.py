@@ -43,5 +43,5 @@ def method(options: strategy_lib.Options) -> strategy_lib.Method:
     return compute_fn
 
   return one_sided.dense_method(
-    options, compute, first=lambda left: svd.compute(options.rank, left)
+    options, compute, exact=lambda left: svd.compute(options.rank, left)
   )

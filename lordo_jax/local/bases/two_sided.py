@@ -68,7 +68,7 @@ def strategy(p: int, q: int, rank: int, compute) -> strategy_lib.BasisStrategy:
   return strategy_lib.BasisStrategy(
     init=init(p, q, rank),
     compute=compute,
-    first=None,
+    exact=None,
     dense=lambda basis: basis,
     project=project,
     unproject=unproject,

@@ -1,0 +1,105 @@
+"""The moments and bases inside a local optimizer's state, reached leaf by leaf.
+
+:func:`lordo_jax.synchronize` averages the Adam moments of the optimizer it wraps
+and refreshes its low-rank bases, for all parameters or (streaming) for one fragment
+of them. The Adam-like nodes it finds in the state are ``optax.ScaleByAdamState``
+(moments shaped like the params) and :class:`~lordo_jax.LowRankAdamState` (a
+:class:`~lordo_jax.LowRankMoments` per matrix); both hold trees shaped like the
+params, with ``optax.MaskedNode()`` where ``optax.partition`` routed a leaf
+elsewhere. A subset of the parameters is a ``fragment`` tree of Python bools shaped like
+the params (``None``: all of them); the leaves outside it become ``MaskedNode()``.
+"""
+
+from typing import Any
+
+import jax
+import optax
+
+from lordo_jax.local import _low_rank_adam as low_rank_lib
+
+
+def _is_entry(x) -> bool:
+  return isinstance(x, (optax.MaskedNode, low_rank_lib.LowRankMoments))
+
+
+def _is_moment_node(x) -> bool:
+  return isinstance(x, (low_rank_lib.LowRankAdamState, optax.ScaleByAdamState))
+
+
+def select(tree: Any, fragment: Any) -> Any:
+  """``tree`` (shaped like the params) with the leaves outside ``fragment`` masked."""
+  if fragment is None:
+    return tree
+  return jax.tree.map(
+    lambda x, k: x if k else optax.MaskedNode(), tree, fragment, is_leaf=_is_entry
+  )
+
+
+def merge(full: Any, part: Any) -> Any:
+  """``full`` with the leaves ``part`` holds (not ``MaskedNode``) put in."""
+  return jax.tree.map(
+    lambda f, p: f if isinstance(p, optax.MaskedNode) else p, full, part, is_leaf=_is_entry
+  )
+
+
+def moment_tree(inner_state: Any, field: str, fragment: Any = None) -> Any:
+  """The ``field`` ("mu" or "nu") moments of every Adam-like node, None elsewhere."""
+
+  def pick(node):
+    if isinstance(node, optax.ScaleByAdamState):
+      return select(getattr(node, field), fragment)
+    if isinstance(node, low_rank_lib.LowRankAdamState):
+      moments = select(node.moments, fragment)
+      return low_rank_lib.map_matrices(lambda m: getattr(m, field), moments)
+    return None
+
+  return jax.tree.map(pick, inner_state, is_leaf=_is_moment_node)
+
+
+def with_moments(inner_state: Any, field: str, moments: Any) -> Any:
+  """``inner_state`` with the ``field`` moments that ``moments`` holds put in."""
+
+  def put(node, new):
+    if isinstance(node, optax.ScaleByAdamState):
+      return node._replace(**{field: merge(getattr(node, field), new)})
+    if isinstance(node, low_rank_lib.LowRankAdamState):
+
+      def one(m, x):
+        return m if isinstance(x, optax.MaskedNode) else m._replace(**{field: x})
+
+      return node._replace(moments=low_rank_lib.map_matrices(one, node.moments, new))
+    return node
+
+  return jax.tree.map(put, inner_state, moments, is_leaf=_is_moment_node)
+
+
+def refresh_projections(inner_state, low_rank, source, *, first=False, fragment=None):
+  """``low_rank.refresh`` on every low-rank Adam node, for the matrices in ``fragment``.
+
+  The other matrices keep their bases and moments, and cost nothing.
+  """
+
+  def one(node):
+    if not isinstance(node, low_rank_lib.LowRankAdamState):
+      return node
+    part = node._replace(moments=select(node.moments, fragment))
+    refreshed = low_rank.refresh(part, select(source, fragment), first=first)
+    return refreshed._replace(moments=merge(node.moments, refreshed.moments))
+
+  is_node = lambda x: isinstance(x, low_rank_lib.LowRankAdamState)  # noqa: E731
+  return jax.tree.map(one, inner_state, is_leaf=is_node)
+
+
+def low_rank_leaves(inner_state, tree):
+  """``tree`` with every leaf that is not a low-rank matrix replaced by MaskedNode."""
+  is_node = lambda x: isinstance(x, low_rank_lib.LowRankAdamState)  # noqa: E731
+  nodes = [n.moments for n in jax.tree.leaves(inner_state, is_leaf=is_node) if is_node(n)]
+  if not nodes:
+    return None
+  if len(nodes) > 1:
+    raise ValueError(
+      "synchronize found more than one scale_by_low_rank_adam state in the local "
+      "optimizer; use one low-rank transformation (route leaves with "
+      "optax.partition)."
+    )
+  return low_rank_lib.map_matrices(lambda m, x: x, nodes[0], tree)

@@ -1,0 +1,254 @@
+"""benchmarks/accelerator_model.py: FLOPs, ledger bytes, utilisation model, validation.
+
+The FLOP formula against a hand count of every matmul of a tiny transformer; the
+counters-only ledger against real optimizer steps (bytes and all-reduce calls) and
+against MATH.md §7 on GPT-2 small; the model against the Streaming DiLoCo paper's
+table 4; utilisation rising with bandwidth; the 90% / 95% bandwidths solving
+``U(W) = u``; the quick report, run as a user runs it, and the table it writes for
+``examples/main.py`` against the one shipped there.
+"""
+
+import json
+import math
+import os
+import pathlib
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import lordo_jax
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import accelerator_model as am  # noqa: E402
+import communication_table  # noqa: E402
+import run_all  # noqa: E402
+
+FLOAT32 = 4
+TINY = am.Config("tiny", n_layer=2, d_model=8, n_head=2, vocab=11, context=5)
+
+pytestmark = pytest.mark.timeout(1800)
+
+
+def test_flops_per_token_is_a_hand_count_of_every_matmul():
+  L, d, V, T = TINY.n_layer, TINY.d_model, TINY.vocab, TINY.context
+  # Forward, per token: y = x W costs 2 x (rows of W) x (columns of W).
+  per_layer = {
+    "c_attn": 2 * d * 3 * d,
+    "attn.c_proj": 2 * d * d,
+    "mlp.c_fc": 2 * d * 4 * d,
+    "mlp.c_proj": 2 * 4 * d * d,
+    "q k^T": 2 * T * d,  # T scores of d/heads products per head, all heads.
+    "a v": 2 * T * d,
+  }
+  forward = L * sum(per_layer.values()) + 2 * d * V  # + the tied output layer.
+  weights = L * (3 * d * d + d * d + 4 * d * d + 4 * d * d) + V * d
+  assert am.flops_per_token(weights, L, T, d) == 3 * forward  # backward = 2 x forward.
+  # N of the report: every parameter but the position embeddings; the rest of the
+  # difference from the weight matrices is biases and norms.
+  biases_norms = L * (3 * d + d + 4 * d + d + 4 * d) + 2 * d
+  assert am.n_params(TINY) == weights + T * d + biases_norms
+  assert am.matmul_params(TINY) == weights + biases_norms
+
+
+def test_gpt2_sizes_and_step_time():
+  assert am.param_shapes(am.GPT2_SMALL) == communication_table.gpt2_small_shapes()
+  assert [am.n_params(c) for c in am.CONFIGS] == [124_439_808, 354_823_168, 774_030_080]
+  n = am.matmul_params(am.GPT2_SMALL)
+  expected = 64 * 1024 * (6 * n + 12 * 12 * 1024 * 768) / (989e12 * 0.4)
+  assert math.isclose(am.step_seconds(am.GPT2_SMALL), expected, rel_tol=1e-12)
+  assert am.step_seconds(am.GPT2_SMALL, mfu=0.2) == pytest.approx(2 * expected)
+  assert am.WORKERS * am.TOKENS_PER_STEP == 2**19  # GPT-3's 0.5M-token batch.
+
+
+def _full_steps(tx, params, steps):
+  """(bytes, all-reduce calls) after each of ``steps`` real steps on random gradients."""
+
+  def body(params, state, grads):
+    updates, state = tx.update(grads, state, params)
+    return optax.apply_updates(params, updates), state
+
+  step = communication_table.one_worker_program(body)
+  state, sent = tx.init(params), []
+  for t in range(steps):
+    keys = jax.random.split(jax.random.key(t), len(jax.tree.leaves(params)))
+    grads = jax.tree.unflatten(
+      jax.tree.structure(params),
+      [jax.random.normal(k, x.shape) for k, x in zip(keys, jax.tree.leaves(params), strict=True)],
+    )
+    params, state = jax.tree.map(lambda x: x[0], jax.block_until_ready(step(params, state, grads)))
+    sent.append((lordo_jax.communicated_bytes(state), lordo_jax.all_reduce_count(state)))
+  return sent
+
+
+def test_counters_only_ledger_equals_real_steps():
+  """Bytes and calls of every method, every step, as real updates record them (DES-LOC's
+  moment averages included: they follow the sync counter, an integer leaf)."""
+  shapes = {"w": (24, 12), "v": (12, 20), "b": (12,)}
+  params = {k: jnp.ones(s) * 0.1 for k, s in shapes.items()}
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
+  for name, (period, tx) in am.methods(rank=4, labels=None).items():
+    steps = period + am.K + 1  # DES-LOC: both moment averages; the others: two syncs.
+    full = _full_steps(tx, params, steps)
+    assert am.ledger_steps(tx, abstract, steps) == full, name
+    assert full[-1][0] > 0, name
+  desloc = am.ledger_profile(am.methods(4, None)["desloc"][1], abstract, 6 * am.K)
+  size = FLOAT32 * sum(math.prod(s) for s in shapes.values())
+  assert sum(desloc["bytes"]) == (6 + 2 + 1) * size  # params x6, first moment x2, second x1.
+
+
+# One method for each way a ledger depends on the shapes: low-rank coordinates and the
+# whole matrices at refreshes, the first gradient then a period of syncs, and moments
+# sent on periods of their own.
+EXTRAPOLATED = ("low_rank_ddp_projected", "lordo", "desloc")
+
+
+def test_profiles_from_small_probes_equal_the_whole_model():
+  """Every step of each method's second period: the 3-layer model's ledger with a
+  vocabulary of 200, and the ledger extrapolated from its 1- and 2-layer versions with
+  the probe vocabularies (64, 128)."""
+  config = am.Config("small", n_layer=3, d_model=16, n_head=2, vocab=200, context=8)
+  assert config.vocab not in am.PROBE_VOCABS
+  direct = am.direct_profiles(config, rank=4, only=EXTRAPOLATED)
+  assert am.profiles(config, rank=4, only=EXTRAPOLATED) == direct
+  assert set(direct) == set(EXTRAPOLATED) and all(sum(p["bytes"]) > 0 for p in direct.values())
+
+
+def test_gpt2_small_profiles_follow_spec_section_7():
+  n = am.n_params(am.GPT2_SMALL) * FLOAT32
+  found = am.profiles(am.GPT2_SMALL, 192, only=("ddp", "diloco", "local_adam", "desloc"))
+  assert found["ddp"] == {"period": 1, "bytes": [n], "all_reduces": [1]}
+  assert found["diloco"]["bytes"] == [0] * 15 + [n]
+  assert found["local_adam"]["bytes"] == [0] * 15 + [3 * n]
+  desloc = found["desloc"]["bytes"]
+  assert [i + 1 for i, b in enumerate(desloc) if b] == [16, 32, 48, 64, 80, 96]
+  assert sum(desloc) == 9 * n and desloc[47] == 2 * n and desloc[95] == 3 * n
+
+
+def test_streaming_diloco_table_4_within_25_percent():
+  check = am.streaming_diloco_check()
+  assert abs(check["data_parallel_error"]) < 0.25 and abs(check["diloco_error"]) < 0.25
+  # The closed form: 16 Gbit in (2/3) 0.1 s + the 5.26% of compute left to wait.
+  slack = 0.1 * (1 / 0.95 - 1)
+  assert check["data_parallel_gbit"] == pytest.approx(16 / (0.1 * 2 / 3 + slack), rel=1e-9)
+  assert check["diloco_gbit"] == pytest.approx(16 / (0.1 * 2 / 3 + 100 * slack), rel=1e-9)
+
+
+PROFILES = {
+  "every step": am.sync_every_profile(4e8, 1),
+  "every 16": am.sync_every_profile(5e8, 16),
+  "mixed": {"period": 4, "bytes": [1e8, 0, 3e8, 2e7], "all_reduces": [1, 0, 2, 1]},
+}
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_utilisation_rises_with_bandwidth_to_one(name):
+  profile, c = PROFILES[name], 0.14
+  u = [am.utilisation(profile, c, g) for g in np.geomspace(0.01, 1e4, 60)]
+  assert all(0 < x <= 1 for x in u)
+  assert all(b >= a for a, b in zip(u, u[1:], strict=False)) and u[-1] > u[0]
+  assert u[-1] == 1.0  # All communication hides under the backward pass.
+  assert am.utilisation(profile, c, 1e4, overlap=0.0) < 1.0
+
+
+@pytest.mark.parametrize("name", PROFILES)
+@pytest.mark.parametrize("target", [0.5, 0.9, 0.95])
+def test_bandwidth_for_solves_the_equation(name, target):
+  profile, c = PROFILES[name], 0.14
+  for network in ({}, {"overlap": 0.0}, {"workers": 2, "alpha": 0.0}):
+    w = am.bandwidth_for(target, profile, c, **network)
+    assert am.utilisation(profile, c, w, **network) == pytest.approx(target, rel=1e-9)
+    assert am.utilisation(profile, c, w * (1 - 1e-6), **network) < target
+
+
+def test_bandwidth_for_utilisation_of_ddp_is_the_closed_form():
+  c = am.step_seconds(am.GPT2_SMALL)
+  nbits = 8 * am.ring_factor(8) * am.n_params(am.GPT2_SMALL) * FLOAT32
+  wait = 2 / 3 * c + c * (1 / 0.9 - 1) - am.ALPHA_S
+  assert am.bandwidth_for_utilisation("ddp") == pytest.approx(nbits / wait / 1e9, rel=1e-9)
+  assert am.bandwidth_for_utilisation("lordo") < am.bandwidth_for_utilisation("ddp")
+
+
+def test_faster_than_ddp_finds_the_crossing():
+  """Twice DDP's steps at a sixteenth of its bytes: ahead below some bandwidth, where the
+  two times are equal; a run that is never ahead, and one always ahead."""
+  c, ddp = 0.14, (1000, am.sync_every_profile(5e8, 1))
+  local = (2000, am.sync_every_profile(5e8, 16))
+  found = am.faster_than(local, ddp, c)
+  assert found["when"] == "below" and 0.1 < found["gbit"] < 1e3
+  times = [am.time_to_target(*run, c, found["gbit"]) for run in (local, ddp)]
+  assert times[0] == pytest.approx(times[1], rel=1e-9)
+  assert am.time_to_target(*local, c, found["gbit"] / 2) < am.time_to_target(
+    *ddp, c, found["gbit"] / 2
+  )
+  assert am.faster_than((3000, ddp[1]), ddp, c) == {"when": "never", "gbit": None}
+  assert am.faster_than((500, local[1]), ddp, c) == {"when": "always", "gbit": None}
+
+
+def test_run_all_runs_it_quickly(tmp_path):
+  assert "accelerator_model" in run_all.STUDIES
+  line = run_all.command("accelerator_model", True, tmp_path, default_out=False)
+  assert line[-3:] == ["--quick", "--out", str(tmp_path)]
+
+
+def test_quick_report(tmp_path):
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+  done = subprocess.run(
+    [
+      sys.executable,
+      str(ROOT / "benchmarks" / "accelerator_model.py"),
+      "--quick",
+      "--out",
+      str(tmp_path),
+      "--examples-table",
+      str(tmp_path / "table.json"),
+    ],
+    capture_output=True,
+    text=True,
+    env=env,
+    cwd=ROOT,
+    timeout=600,
+  )
+  assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+  record = json.loads((tmp_path / "accelerator_model.json").read_text())
+  markdown = (tmp_path / "accelerator_model.md").read_text()
+  assert (tmp_path / "accelerator_model.png").stat().st_size > 0
+  assert record["quick"] and record["command"] in markdown
+  (size,) = record["sizes"]
+  assert size["config"]["name"] == "GPT-2 124M" and size["rank"] == 192
+  assert [m["method"] for m in size["methods"]] == list(am.QUICK_METHODS)
+  v = record["validation"]
+  assert f"{v['data_parallel_gbit']:.1f} Gbit/s" in markdown
+  ratios = am.steps_ratios()
+  c = size["step_s"]
+  for m in size["methods"]:
+    u = [m["utilisation"][str(g)] for g in am.BANDWIDTHS_GBIT]
+    assert u == sorted(u)
+    b90, b95 = m["gbit_for"]["0.9"], m["gbit_for"]["0.95"]
+    assert b90 < b95 <= m["gbit_for_no_overlap"]["0.95"]
+    assert am.utilisation(m["profile"], c, b90) == pytest.approx(0.9, rel=1e-9)
+    for target, reached in zip(ratios, m["time_to_target_s"], strict=True):
+      ratio = target["ratios"][m["method"]]
+      if ratio is None:
+        assert reached["steps"] is None
+        continue
+      assert reached["steps"] == pytest.approx(ratio * size["ddp_steps"])
+      for g, seconds in reached["seconds"].items():
+        u = am.utilisation(m["profile"], c, float(g))
+        assert seconds == pytest.approx(reached["steps"] * c / u, rel=1e-9)
+  ddp = next(m for m in size["methods"] if m["method"] == "ddp")
+  assert ddp["bytes_per_step"] == FLOAT32 * size["params"]
+  # The table examples/main.py prints: these numbers, and the shipped file (written by
+  # the full run: every method) regenerated, for the methods of the quick run.
+  table = json.loads((tmp_path / "table.json").read_text())
+  assert list(table["gbit_for"]) == list(am.QUICK_METHODS)
+  assert table["gbit_for"] == {m["method"]: m["gbit_for"] for m in size["methods"]}
+  shipped = json.loads(am.EXAMPLES_TABLE.read_text())
+  assert list(shipped["gbit_for"]) == list(am.methods(4, None))
+  assert table == dict(shipped, gbit_for={m: shipped["gbit_for"][m] for m in am.QUICK_METHODS})

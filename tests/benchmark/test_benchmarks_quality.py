@@ -1,0 +1,321 @@
+"""The studies that train the LM, in quick mode, end to end in a subprocess.
+
+``benchmarks/run_all.py --quick --only quality,...`` trains every variant of the
+quality study on the tiny LM (a few steps, one seed), then the studies that build on
+it (time to target, extensions, the paper's variants, its protocol, the long horizon),
+and writes their JSON, markdown and plots; the checks here recompute from those files
+what the studies claim: every method's bytes against the communication formulas of
+MATH.md §7, the learning-rate choice, the claim numbers, every simulated time, and
+each later study's use of the quality study's own runs. A second run on the same cache
+must train nothing.
+"""
+
+import json
+import math
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+BENCHMARKS = ROOT / "benchmarks"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+FLOAT32 = 4
+
+pytestmark = pytest.mark.timeout(1200)
+STUDIES = (
+  "quality", "time_to_target", "extensions", "fidelity", "paper_protocol", "long_horizon",
+)  # fmt: skip
+
+
+def run(*args: str, timeout: float) -> str:
+  """The stdout of ``python *args``; on a timeout its whole process group is killed."""
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+  proc = subprocess.Popen(
+    [sys.executable, *args],
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+    env=env,
+    cwd=ROOT,
+    start_new_session=True,  # run_all.py starts the studies as its own children.
+  )
+  try:
+    stdout, stderr = proc.communicate(timeout=timeout)
+  except subprocess.TimeoutExpired:
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate()
+    raise
+  assert proc.returncode == 0, stdout[-2000:] + stderr[-3000:]
+  return stdout
+
+
+@pytest.fixture(scope="module")
+def out(tmp_path_factory):
+  out = tmp_path_factory.mktemp("benchmarks")
+  run(
+    str(BENCHMARKS / "run_all.py"), "--quick", "--only", ",".join(STUDIES),
+    "--out", str(out), timeout=840,
+  )  # fmt: skip
+  return out
+
+
+@pytest.fixture(scope="module")
+def quality(out):
+  return json.loads((out / "quality.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def rows(quality):
+  return {r["variant"]: r for r in quality["methods"]}
+
+
+@pytest.fixture(scope="module")
+def lm_model():
+  sys.path.insert(0, str(ROOT / "examples"))
+  try:
+    from lm import model
+  finally:
+    sys.path.remove(str(ROOT / "examples"))
+  return model
+
+
+def test_every_output_is_written(out):
+  for name in ("quality_loss_vs_bytes.png", "quality_similarity.png", "quality_rank_batch.png",
+               "time_to_target.png"):  # fmt: skip
+    assert (out / name).read_bytes()[:8] == PNG_MAGIC, name
+  markdown = (out / "quality.md").read_text()
+  for heading in ("| method |", "| rank |", "Claims of the paper"):
+    assert heading in markdown
+  assert "| method | step reached |" in (out / "time_to_target.md").read_text()
+  assert set(json.loads((out / "run_all.json").read_text())["wall_time_s"]) == set(STUDIES)
+  assert (out / "extensions.png").read_bytes()[:8] == PNG_MAGIC
+
+
+def test_every_method_ran_every_seed_and_learned(quality, rows):
+  study = quality["study"]
+  assert list(rows) == [
+    "ddp", "low_rank_ddp", "low_rank_ddp_projected", "lordo", "lordo_local_projection",
+    "lordo_global_projection_only", "diloco", "desloc", "local_adam",
+  ]  # fmt: skip
+  for row in rows.values():
+    assert row["seeds"] == study["seeds"]
+    assert row["bytes_same_every_seed"]
+    assert all(math.isfinite(x) and x < math.log(256) for x in row["final_val_loss"])
+    assert row["mean"] == pytest.approx(sum(row["final_val_loss"]) / len(row["seeds"]))
+    assert len(row["run_files"]) == len(study["seeds"])
+
+
+def test_bytes_equal_the_formulas_of_spec_section_7(quality, rows, lm_model):
+  """Payload elements per worker, float32, from the model's shapes alone."""
+  study = quality["study"]
+  config = lm_model.PRESETS[study["preset"]]
+  n = lm_model.num_params(lm_model.param_shapes(config))
+  low_rank = [shape for _, shape in lm_model.low_rank_shapes(config)]
+  matrices = sum(p * q for p, q in low_rank)  # On the low-rank path.
+  full_rank = n - matrices  # Embeddings, head, norms: AdamW, moments averaged by LoRDO.
+  coordinates = sum(study["rank"] * min(p, q) for p, q in low_rank)  # r x q per matrix.
+  steps, k, t = study["steps"], study["sync_every"], study["refresh_every"]
+  syncs = steps // k
+  expected = {
+    "ddp": steps * n,
+    "low_rank_ddp": steps * n,
+    # Coordinates (and the full-rank leaves) every step; the matrices' full gradient
+    # at the refresh steps 1, T + 1, ...
+    "low_rank_ddp_projected": steps * (full_rank + coordinates) + math.ceil(steps / t) * matrices,
+    # The first gradient of the matrices, then per sync the pseudo-gradient, both
+    # low-rank moments and both moments of the full-rank leaves.
+    "lordo": matrices + syncs * (n + 2 * coordinates + 2 * full_rank),
+    "lordo_global_projection_only": matrices + syncs * (n + 2 * coordinates + 2 * full_rank),
+    "lordo_local_projection": syncs * n,
+    "diloco": syncs * n,
+    "desloc": n * (syncs + steps // (3 * k) + steps // (6 * k)),
+    "local_adam": syncs * 3 * n,
+  }
+  assert {name: row["bytes"] for name, row in rows.items()} == {
+    name: FLOAT32 * elements for name, elements in expected.items()
+  }
+
+
+def test_learning_rates_are_tuned_the_same_way(quality, rows):
+  rates = [f"{x:g}" for x in quality["study"]["learning_rates"]]
+  for name, losses in quality["sweep"].items():
+    assert list(losses) == rates
+    assert f"{quality['best_lr'][name]:g}" == min(rates, key=lambda x: losses[x])
+    assert rows[name]["final_val_loss"][0] == losses[f"{quality['best_lr'][name]:g}"]
+  assert "low_rank_ddp_projected" not in quality["sweep"]
+  projected, full = rows["low_rank_ddp_projected"], rows["low_rank_ddp"]
+  assert projected["learning_rate"] == full["learning_rate"]
+  # Same iterates, other messages: the losses agree to float rounding.
+  assert projected["mean"] == pytest.approx(full["mean"], abs=1e-3)
+  assert projected["bytes"] < full["bytes"]
+
+
+def test_claims_follow_from_the_tables(quality, rows):
+  claims = quality["claims"]
+  lordo, full = rows["lordo"], rows["low_rank_ddp"]
+  a = claims["a"]["numbers"]
+  assert a["loss_gap"] == pytest.approx((lordo["mean"] - full["mean"]) / full["mean"])
+  assert a["bytes_ratio_vs_full"] == pytest.approx(full["bytes"] / lordo["bytes"])
+  assert a["bytes_ratio_vs_projected"] == pytest.approx(
+    rows["low_rank_ddp_projected"]["bytes"] / lordo["bytes"]
+  )
+  assert claims["a"]["holds"] == (a["loss_gap"] <= 0.02 and a["bytes_ratio_vs_full"] >= 10)
+  local = rows["lordo_local_projection"]["final_val_loss"]
+  beaten = all(x > y for x, y in zip(local, lordo["final_val_loss"], strict=True))
+  assert claims["b"]["holds"] == beaten
+  frozen = quality["similarity"]["lordo_global_projection_only"]["projection_similarity"]
+  assert frozen and min(frozen) > 0.99  # Successive bases span the same subspace.
+  assert claims["c"]["numbers"]["lowest_similarity_without_full_rank"] == min(frozen)
+  for row in quality["rank_batch"]:
+    advantage = [b - a for a, b in zip(row["lordo"], row["lordo_local_projection"], strict=True)]
+    assert row["advantage"] == pytest.approx(advantage)
+    for name, by_rate in row["mean_by_learning_rate"].items():
+      assert by_rate[f"{row['learning_rate'][name]:g}"] == min(by_rate.values())
+      assert min(by_rate.values()) == pytest.approx(sum(row[name]) / len(row[name]))
+  cells = {(r["rank"], r["batch_size"]) for r in quality["rank_batch"]}
+  study = quality["study"]
+  assert cells == {(r, b) for r in study["ranks"] for b in study["batch_sizes"]}
+
+
+def simulated_seconds(result: dict, method: dict, i: int, gbit: float) -> float:
+  """The cost model of time_to_target.py, written out again."""
+  m = result["workers"]
+  ring = 2 * (m - 1) / m * 8 * method["bytes"][i] / (gbit * 1e9)
+  return method["compute_s"][i] + ring + result["alpha_s"] * method["all_reduces"][i]
+
+
+def test_time_to_target_recomputes_from_the_json(out, quality, rows):
+  result = json.loads((out / "time_to_target.json").read_text())
+  methods = {x["variant"]: x for x in result["methods"]}
+  finals = {name: x["val_loss_mean"][-1] for name, x in methods.items()}
+  targets = [t["val_loss"] for t in result["targets"]]
+  assert set(targets) == {max(finals.values()), max(finals["ddp"], finals["lordo"])}
+  for name, method in methods.items():
+    assert method["val_loss_mean"][-1] == pytest.approx(rows[name]["mean"])
+    assert method["bytes"][-1] == rows[name]["bytes"]
+    period, cost = method["period"], method["step_cost_s"]
+    assert all(c <= m for c, m in zip(cost, method["step_median_s"], strict=True))
+    for step, compute in zip(method["steps"], method["compute_s"], strict=True):
+      expected = result["compute_scale"] * sum(cost[s % period] for s in range(1, step + 1))
+      assert compute == pytest.approx(expected)
+  for table in result["targets"]:
+    ddp = next(r for r in table["methods"] if r["variant"] == "ddp")
+    for r in table["methods"]:
+      method = methods[r["variant"]]
+      reached = [i for i, x in enumerate(method["val_loss_mean"]) if x <= table["val_loss"]]
+      if table["val_loss"] == max(finals.values()) or r["variant"] in ("ddp", "lordo"):
+        assert reached
+      if not reached:
+        assert r["step"] is None and r["time_s"] is None
+        continue
+      i = reached[0]
+      assert r["step"] == method["steps"][i]
+      for gbit in result["bandwidths_gbit"]:
+        assert r["time_s"][str(gbit)] == pytest.approx(simulated_seconds(result, method, i, gbit))
+      if r["variant"] == "ddp":
+        continue
+
+      # The break-even bandwidth: on its one side the method is first, on the other DDP.
+      def faster(g, method=method, i=i, j=ddp["index"]):
+        ours = simulated_seconds(result, method, i, g)
+        return ours < simulated_seconds(result, methods["ddp"], j, g)
+
+      when, gbit = r["vs_ddp"]["when"], r["vs_ddp"]["gbit"]
+      if when in ("always", "never"):
+        assert all(faster(g) == (when == "always") for g in (1e-3, 1, 10, 100, 1e3))
+      else:
+        assert faster(gbit / 2) == (when == "below") != faster(2 * gbit)
+
+
+def test_a_second_run_reads_every_run_from_the_cache(out):
+  stdout = run(str(BENCHMARKS / "quality.py"), "--quick", "--out", str(out), timeout=240)
+  assert " val " not in stdout  # lm_runs logs each run it trains.
+  assert "quality.json" in stdout
+
+
+def test_extensions_send_what_their_options_promise(out, quality):
+  """Compression, streaming, two-sided and QSR rows against plain LoRDO, from the JSON."""
+  ext = json.loads((out / "extensions.json").read_text())
+  rows = {r["variant"]: r for r in ext["rows"]}
+  lordo = rows["lordo"]
+  assert (
+    lordo["final_val_loss"]
+    == [r["final_val_loss"] for r in quality["methods"] if r["variant"] == "lordo"][0]
+  )  # the quality study's own runs, read from its cache
+  # Compression shrinks every message: bfloat16 to half; int8 sends the
+  # pseudo-gradient at a byte (plus a float32 scale per row), the moments in bfloat16.
+  assert rows["lordo_bf16"]["bytes"] * 2 == lordo["bytes"]
+  assert rows["lordo_int8"]["bytes"] < rows["lordo_bf16"]["bytes"]
+  assert rows["lordo_int8_stream4"]["bytes"] == rows["lordo_int8"]["bytes"]
+  # Streaming sends the same total in smaller pieces.
+  assert rows["lordo_stream4"]["bytes"] == lordo["bytes"]
+  assert rows["lordo_stream4"]["peak_step_bytes"] < lordo["peak_step_bytes"]
+  assert rows["lordo_int8_stream4"]["peak_step_bytes"] < rows["lordo_int8"]["peak_step_bytes"]
+  # Two-sided: r x r moments instead of r x q; TSR-Adam's per-step cores undercut the
+  # r x q coordinates of low-rank DDP (projected).
+  assert rows["lordo_two_sided"]["bytes"] < lordo["bytes"]
+  assert rows["tsr_adam_projected"]["bytes"] < rows["low_rank_ddp_projected"]["bytes"]
+  # QSR lengthens rounds as the rate decays: fewer syncs, fewer bytes.
+  assert rows["lordo_qsr"]["bytes"] < lordo["bytes"]
+  headline = ext["headline"]
+  reference, ours = rows["low_rank_ddp"], rows["lordo_int8_stream4"]
+  assert math.isclose(headline["bytes_ratio"], reference["bytes"] / ours["bytes"])
+  gap = (ours["mean"] - reference["mean"]) / reference["mean"]
+  assert math.isclose(headline["loss_gap"], gap)
+  assert headline["holds"] == (gap <= 0.02 and headline["bytes_ratio"] >= 40)
+
+
+def test_each_paper_variant_is_paired_with_the_quality_study_run(out, quality, rows):
+  fidelity = json.loads((out / "fidelity.json").read_text())
+  assert [r["name"] for r in fidelity["rows"]] == [
+    "omega=0.97",
+    "K=32",
+    "clip 0.5",
+    "QH inside, nu=0.94",
+  ]
+  for r in fidelity["rows"]:
+    assert r["base_losses"] == rows[r["base"]]["final_val_loss"]  # Read, not retrained.
+    assert r["learning_rate"] == quality["best_lr"][r["base"]]
+    assert r["effect"] == pytest.approx(
+      [a - b for a, b in zip(r["losses"], r["base_losses"], strict=True)]
+    )
+    assert all(math.isfinite(x) and x < math.log(256) for x in r["losses"])
+    assert r["losses"] != r["base_losses"]  # Each change changed the run.
+  assert "| lordo | omega=0.97 (2) |" in (out / "fidelity.md").read_text()
+
+
+def test_the_paper_protocol_warm_starts_its_arm_and_pairs_the_seeds(out):
+  protocol = {r["arm"]: r for r in json.loads((out / "paper_protocol.json").read_text())["rows"]}
+  assert set(protocol) == {"paper", "ours"}
+  paper, ours = protocol["paper"], protocol["ours"]
+  assert paper["warm_start_loss"][0] is not None and ours["warm_start_loss"] == [None]
+  assert "--warm-start-steps" in paper["command"] and "--warm-start" not in ours["command"]
+  for row in protocol.values():
+    gap = [(a - b) / b for a, b in zip(row["lordo"], row["low_rank_ddp"], strict=True)]
+    assert row["gap"] == pytest.approx(gap)
+    assert 0 < row["bytes"]["lordo"] < row["bytes"]["low_rank_ddp"]
+  # After the shared phase the arm trains 2/3 of the run: fewer bytes than ours.
+  assert paper["bytes"]["low_rank_ddp"] < ours["bytes"]["low_rank_ddp"]
+
+
+def test_the_long_horizon_gap_reads_the_quality_study_and_its_own_runs(out, quality, rows):
+  result = json.loads((out / "long_horizon.json").read_text())
+  (steps,) = result["horizons"]
+  assert int(steps) > quality["study"]["steps"]
+  found = {r["method"]: r for r in result["horizons"][steps]}
+  assert set(found) == {"lordo", "low_rank_ddp"}
+  k = quality["study"]["sync_every"]
+  gaps = {(g["method"], g["rounds"]): g["gap"] for g in result["gaps"]}
+  short = quality["study"]["steps"] // k
+  reference = rows["low_rank_ddp"]["mean"]
+  assert gaps["lordo", short] == pytest.approx((rows["lordo"]["mean"] - reference) / reference)
+  lordo, low_rank = found["lordo"]["mean"], found["low_rank_ddp"]["mean"]
+  assert gaps["lordo", int(steps) // k] == pytest.approx((lordo - low_rank) / low_rank)
+  for row in found.values():
+    assert row["complete"] and row["tuned_lr"] == quality["best_lr"][row["method"]]
+    assert row["mean"] == min(sum(x) / len(x) for x in row["seeds"].values())
+  assert (out / "long_horizon.png").read_bytes()[:8] == PNG_MAGIC

@@ -1,0 +1,305 @@
+"""The studies of the paper's regime: fidelity.py, paper_protocol.py, long_horizon.py.
+
+Their training runs take CPU-hours, so what is checked here is everything around them,
+on hand-made run records: which runs each study asks for (the cache names the quality
+study's own runs, so they are reused, not retrained), how a learning rate is chosen at a
+horizon, the fitted exponent of the gap, and the protocol's commands.
+"""
+
+import math
+import pathlib
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import fidelity  # noqa: E402
+import lm_runs  # noqa: E402
+import long_horizon  # noqa: E402
+import paper_protocol  # noqa: E402
+import quality  # noqa: E402
+import variants  # noqa: E402
+
+STUDY = quality.FULL
+
+
+def record(loss: float, seed: int = 0, sent: int = 0) -> dict:
+  return {"result": {"final_val_loss": loss, "communicated_bytes": sent}, "spec": {"seed": seed}}
+
+
+class FakeRuns:
+  """``long_horizon.Runs`` over a loss function of (variant, lr, seed, steps); counts asks."""
+
+  def __init__(self, loss):
+    self.loss, self.asked, self.shapes = loss, [], []
+
+  def get(self, run: lm_runs.RunSpec) -> dict:
+    self.asked.append((run.variant.name, run.learning_rate, run.seed, run.steps))
+    self.shapes.append((run.rank, run.batch_size))
+    return record(self.loss(run.variant.name, run.learning_rate, run.seed, run.steps), run.seed)
+
+
+def test_a_change_names_its_own_cache_file_and_the_default_is_the_quality_study_run():
+  base = fidelity.spec(STUDY, None, "lordo", 0.0125, 1)
+  assert base.file_name() == STUDY.spec(variants.by_name("lordo"), 0.0125, 1).file_name()
+  assert "clip_norm" not in base.key()  # Added later: left out at its default.
+  names = set()
+  for change in fidelity.CHANGES:
+    run = fidelity.spec(STUDY, change, change.base, 0.0125, 1)
+    assert run.variant.method == change.base
+    assert dict(run.variant.options) == dict(change.options)
+    assert run.sync_every == run.eval_every == (change.sync_every or STUDY.sync_every)
+    assert run.config().clip_norm == change.clip_norm
+    assert all(c.isalnum() or c in "_=.-" for c in run.file_name()), run.file_name()
+    names.add(run.file_name())
+  assert len(names) == len(fidelity.CHANGES)
+
+
+def test_neighbours_on_the_grid():
+  assert long_horizon.neighbours(0.0125, long_horizon.GRID) == [0.0125, 0.005, 0.03]
+  assert long_horizon.neighbours(1e-3, long_horizon.GRID) == [1e-3, 5e-4, 2e-3]
+  assert long_horizon.neighbours(7.5e-2, long_horizon.GRID) == [7.5e-2, 3e-2]
+
+
+def test_a_method_runs_every_seed_at_its_tuned_rate_and_at_the_best_of_the_sweep():
+  """Seed 0 prefers 0.03; over three seeds 0.03 is worse than 0.0125, which is kept."""
+
+  def loss(name, lr, seed, steps):
+    if lr == 0.03:
+      return 1.0 if seed == 0 else 3.0
+    return {0.005: 2.5, 0.0125: 2.0, 0.075: 1.5}[lr] + 0.01 * seed
+
+  runs = FakeRuns(loss)
+  row = long_horizon.method_at(runs, STUDY, 1024, "lordo", 0.0125, long_horizon.GRID)
+  # 0.03 wins the neighbours, so the sweep goes on to 0.075, which loses: it stops there.
+  assert row["sweep"] == {"0.0125": 2.0, "0.005": 2.5, "0.03": 1.0, "0.075": 1.5}
+  assert set(row["seeds"]) == {"0.0125", "0.03"}
+  assert row["best_lr"] == "0.0125"
+  assert row["mean"] == pytest.approx(2.01)
+  assert row["spread"] == pytest.approx(0.01)
+  assert row["complete"]
+  assert {steps for *_, steps in runs.asked} == {1024}
+  assert {(lr, seed) for _, lr, seed, _ in runs.asked} == {
+    (lr, 0) for lr in (0.0125, 0.005, 0.03, 0.075)
+  } | {(lr, s) for lr in (0.0125, 0.03) for s in (1, 2)}
+
+
+def test_the_sweep_walks_on_while_the_rate_at_its_edge_wins():
+  """Lower is better down to the grid's end: 0.001 wins the neighbours of 0.002, then
+  0.0005 wins, and the grid has nothing below it. Where the tuned rate wins, the sweep
+  is its neighbours only."""
+  runs = FakeRuns(lambda name, lr, seed, steps: 1.0 + lr + 0.01 * seed)
+  row = long_horizon.method_at(runs, STUDY, 2048, "ddp", 0.002, long_horizon.GRID)
+  assert list(row["sweep"]) == ["0.002", "0.001", "0.005", "0.0005"]
+  assert row["best_lr"] == "0.0005" and row["complete"]
+  valley = FakeRuns(lambda name, lr, seed, steps: abs(lr - 0.002))
+  row = long_horizon.method_at(valley, STUDY, 2048, "ddp", 0.002, long_horizon.GRID)
+  assert list(row["sweep"]) == ["0.002", "0.001", "0.005"]
+
+
+def test_a_missing_run_leaves_the_row_incomplete():
+  class Cached(FakeRuns):
+    def get(self, run):
+      return None if run.learning_rate == 0.03 else super().get(run)
+
+  row = long_horizon.method_at(
+    Cached(lambda *a: 2.0), STUDY, 2048, "lordo", 0.0125, long_horizon.GRID
+  )
+  assert not row["complete"]
+  assert row["sweep"]["0.03"] is None
+  assert row["best_lr"] == "0.0125"  # The tuned rate's seeds are all there.
+
+
+def test_a_rate_far_off_at_the_shorter_horizon_is_not_swept_at_the_longer():
+  """0.03 was 36% above the best at 1,024 steps, 0.005 6.5%: only 0.03 is left out at
+  2,048 (the tuned rate never is, however far off)."""
+  shorter = {"sweep": {"0.0125": 1.45, "0.005": 1.545, "0.03": 1.97}}
+  losses = {0.002: 1.35, 0.005: 1.3, 0.0125: 1.4}
+  runs = FakeRuns(lambda name, lr, seed, steps: losses[lr] + 0.01 * seed)
+  row = long_horizon.method_at(
+    runs, STUDY, 2048, "lordo", 0.0125, long_horizon.GRID, shorter=shorter
+  )
+  assert row["sweep"] == {"0.0125": 1.4, "0.005": 1.3, "0.002": 1.35}
+  assert row["skipped"] == ["0.03"]
+  assert row["complete"] and row["best_lr"] == "0.005"
+  assert 0.03 not in {lr for _, lr, _, _ in runs.asked}
+  far = {"sweep": {"0.0125": 9.0, "0.005": 1.0, "0.03": 1.05}}
+  row = long_horizon.method_at(
+    FakeRuns(lambda *a: 1.0), STUDY, 2048, "lordo", 0.0125, long_horizon.GRID, shorter=far
+  )
+  assert row["skipped"] == [] and set(row["sweep"]) == {"0.0125", "0.005", "0.03"}
+
+
+def test_a_group_trains_its_paired_seeds_at_every_horizon_before_its_sweeps():
+  short = {
+    "best_lr": {"lordo": 0.0125, "low_rank_ddp": 0.005},
+    "methods": [{"variant": "lordo", "mean": 2.2}, {"variant": "low_rank_ddp", "mean": 2.0}],
+  }
+  runs = FakeRuns(lambda name, lr, seed, steps: 1.0 + 0.1 * (name == "lordo"))
+  group = ("lordo", "low_rank_ddp")
+  horizons = (1024, 2048)
+  long_horizon.run_study(runs, STUDY, horizons, (group,), short)
+  paired = [(n, short["best_lr"][n], s, h) for h in horizons for s in STUDY.seeds for n in group]
+  assert runs.asked[: len(paired)] == paired
+  swept = runs.asked[len(paired) :]
+  assert [h for *_, h in swept] == sorted(h for *_, h in swept)  # Shortest horizon first.
+  for h in horizons:
+    assert {(n, lr) for n, lr, _, steps in swept if steps == h} == {
+      (n, lr)
+      for n in group
+      for lr in long_horizon.neighbours(short["best_lr"][n], long_horizon.GRID)
+    }
+
+
+def test_claim_d_runs_once_its_variants_have_their_rates_before_the_later_groups():
+  tuned = {name: 0.0125 for name in long_horizon.METHODS}
+  short = {"best_lr": tuned, "methods": []}
+  # LoRDO's best at 2,048 steps is 0.005, the local projection's its tuned 0.0125.
+  runs = FakeRuns(
+    lambda name, lr, seed, steps: 1.0 - 0.1 * (name == "lordo" and lr == 0.005 and steps == 2048)
+  )
+  result = long_horizon.run_study(runs, STUDY, (1024, 2048), long_horizon.GROUPS, short)
+  assert result["rank_batch_rates"] == {"lordo": 0.005, "lordo_local_projection": 0.0125}
+  main = (STUDY.rank, STUDY.batch_size)
+  first = next(i for i, shape in enumerate(runs.shapes) if shape != main)
+  last = max(i for i, shape in enumerate(runs.shapes) if shape != main)
+  before = {name for name, *_ in runs.asked[:first]}
+  assert before == {*long_horizon.GROUPS[0], *long_horizon.GROUPS[1]}
+  later = [i for i, (name, *_) in enumerate(runs.asked) if name in long_horizon.GROUPS[2]]
+  assert later and min(later) > last
+  cells = {(r, b) for r in STUDY.ranks for b in STUDY.batch_sizes} - {main}
+  claim_d = set(zip(runs.asked[first : last + 1], runs.shapes[first : last + 1], strict=True))
+  assert {shape for _, shape in claim_d} == cells
+  both = {(name, lr) for name in variants.RANK_BATCH for lr in (0.005, 0.0125)}
+  assert {(name, lr) for (name, lr, *_), _ in claim_d} == both
+  assert all(row["complete"] for row in result["rank_batch"])
+
+
+def test_claim_d_takes_each_variant_at_its_better_rate_in_each_cell():
+  """Both variants run at both rates in every cell. At batch 2 the higher rate is too
+  hot for both, so each is read at 0.002 there, and LoRDO at its 0.0125 at batch 8."""
+
+  def loss(name, lr, seed, steps):
+    batch = runs.shapes[-1][1]
+    if batch == 2:
+      return (2.0 if lr == 0.0125 else 1.7) + 0.05 * (name == "lordo") + 0.01 * seed
+    return {("lordo", 0.0125): 1.3, ("lordo", 0.002): 1.5}.get((name, lr), 1.4) + 0.01 * seed
+
+  runs = FakeRuns(loss)
+  rates = {"lordo": 0.0125, "lordo_local_projection": 0.002}
+  rows = long_horizon.rank_batch(runs, STUDY, 2048, rates)
+  assert len(runs.asked) == len(rows) * 2 * 2 * len(STUDY.seeds)
+  by_batch = {b: [r for r in rows if r["batch_size"] == b] for b in STUDY.batch_sizes}
+  for row in by_batch[2]:
+    assert row["learning_rate"] == {"lordo": 0.002, "lordo_local_projection": 0.002}
+    assert row["advantage"] == pytest.approx([-0.05] * 3)
+  for row in by_batch[8]:
+    assert row["learning_rate"]["lordo"] == 0.0125
+    assert row["advantage_mean"] == pytest.approx(0.1)
+    assert row["mean_by_learning_rate"]["lordo"] == pytest.approx({"0.002": 1.51, "0.0125": 1.31})
+
+
+def test_the_gap_and_its_exponent():
+  short = {"methods": [{"variant": "lordo", "mean": 2.2}, {"variant": "low_rank_ddp", "mean": 2.0}]}
+  horizons = {
+    1024: [{"method": "lordo", "mean": 1.05}, {"method": "low_rank_ddp", "mean": 1.0}],
+    2048: [{"method": "lordo", "mean": 1.025}, {"method": "low_rank_ddp", "mean": 1.0}],
+  }
+  gaps = long_horizon.gap_rows(short, horizons, STUDY)
+  assert [(g["rounds"], round(g["gap"], 9)) for g in gaps] == [(16, 0.1), (64, 0.05), (128, 0.025)]
+  # log-log least squares through (16, .1), (64, .05), (128, .025).
+  xs, ys = (
+    [math.log(16), math.log(64), math.log(128)],
+    [math.log(0.1), math.log(0.05), math.log(0.025)],
+  )
+  mx, my = sum(xs) / 3, sum(ys) / 3
+  slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum(
+    (x - mx) ** 2 for x in xs
+  )
+  assert long_horizon.power_law(gaps, "lordo") == pytest.approx(slope)
+  halving = [{"method": "m", "rounds": 2**k, "gap": 0.4 / 2**k} for k in range(4, 8)]
+  assert long_horizon.power_law(halving, "m") == pytest.approx(-1.0)
+  negative = [
+    {"method": "m", "rounds": 16, "gap": -0.01},
+    {"method": "m", "rounds": 64, "gap": 0.02},
+  ]
+  assert long_horizon.power_law(negative, "m") is None
+
+
+def test_claims_b_and_c_are_paired_by_seed_at_each_horizon():
+  def row(method, losses, best="0.0125", complete=True):
+    return {
+      "method": method, "seeds": {best: losses}, "best_lr": best,
+      "mean": sum(losses) / len(losses), "complete": complete,
+    }  # fmt: skip
+
+  horizons = {
+    "1024": [
+      row("lordo", [1.0, 1.2, 1.1]),
+      row("lordo_local_projection", [1.1, 1.25, 1.3], best="0.005"),
+      row("lordo_global_projection_only", [1.05, 1.1, 1.2], complete=False),
+    ],
+    "2048": [row("lordo", [0.9, 0.8, 0.85]), {"method": "lordo_local_projection", "mean": None}],
+  }
+  claims = {(c["claim"], c["steps"]): c for c in long_horizon.paired_claims(horizons)}
+  b = claims["b", 1024]
+  assert b["differences"] == pytest.approx([0.1, 0.05, 0.2]) and b["holds"] and b["final"]
+  assert b["mean"] == pytest.approx(0.35 / 3)
+  assert b["rates"] == {"lordo": "0.0125", "lordo_local_projection": "0.005"}
+  c = claims["c", 1024]  # Better on the mean, worse at seed 1: does not hold.
+  assert c["differences"] == pytest.approx([0.05, -0.1, 0.1]) and not c["holds"]
+  assert not c["final"]  # Its sweep is unfinished.
+  assert not claims["b", 2048]["complete"] and not claims["c", 2048]["complete"]
+  lines = long_horizon.markdown(
+    {"horizons": {}, "gaps": [], "exponents": {}, "rank_batch": [],
+     "paired_claims": list(claims.values())}, {}, STUDY,
+  )  # fmt: skip
+  text = "\n".join(lines)
+  assert (
+    "| (b) lordo_local_projection | 1024 (64) | 0.0125, 0.005 | +0.1000, +0.0500, +0.2000 |" in text
+  )
+  assert "no (sweep unfinished)" in text and "2048 (128)" not in text
+
+
+def test_the_paper_arm_is_the_fidelity_recipe():
+  line = paper_protocol.command("paper", 2, False, pathlib.Path("/w"))
+  text = " ".join(line)
+  for flag in (
+    "--steps 768", "--warm-start-steps 256", "--warm-start-moments reset", "--warmup 256",
+    "--schedule constant", "--clip-norm 0.5", "--seed 2", "--lr 0.0125", "--sync-every 16",
+    "lordo.omega=0.97", "lordo.full_rank_numerator=error_fed", "lordo.lr_scale=0.5",
+    "low_rank_ddp.qh_nu=0.94", "warm_start.error_feedback=true", "--out /w/paper_s2",
+  ):  # fmt: skip
+    assert flag in text, flag
+  recipe = (ROOT / "docs" / "FIDELITY.md").read_text()
+  options = [line[i + 1] for i, flag in enumerate(line) if flag == "--option"]
+  assert len(options) == 16
+  for option in options:
+    assert f"--option {option}" in recipe, option
+  ours = " ".join(paper_protocol.command("ours", 0, False, pathlib.Path("/w")))
+  assert "--warm-start" not in ours and " --option " not in ours
+  warm = " ".join(paper_protocol.command("warm_start", 0, False, pathlib.Path("/w")))
+  assert "--warm-start-steps 256" in warm and " --option " not in warm
+  assert "--warm-start-moments" not in warm
+
+
+def test_the_protocol_summary_pairs_each_seed():
+  def arm(lordo, low_rank):
+    return [
+      {
+        "command": "c",
+        "warm_start": None,
+        "results": [
+          {"method": "lordo", "final_val_loss": a, "communicated_bytes": 10},
+          {"method": "low_rank_ddp", "final_val_loss": b, "communicated_bytes": 100},
+        ],
+      }
+      for a, b in zip(lordo, low_rank, strict=True)
+    ]
+
+  (row,) = paper_protocol.summarize({"paper": arm([2.2, 2.1], [2.0, 2.1])})
+  assert row["gap"] == pytest.approx([0.1, 0.0])
+  assert row["gap_mean"] == pytest.approx(0.05)
+  assert row["bytes"] == {"lordo": 10, "low_rank_ddp": 100}

@@ -1,0 +1,161 @@
+"""The package's shape: short functions, and layers that import only downwards.
+
+Read from the source with ``ast``, so that a change that breaks the layering or grows
+a function past the limit fails here, not in a reviewer's eye. The layers are folders
+(docs/ARCHITECTURE.md); :data:`LAYERS` is their rule, one line per folder.
+"""
+
+import ast
+import pathlib
+
+import pytest
+
+PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "lordo_jax"
+MAX_FUNCTION_LINES = 80
+# Modules whose code sends messages between workers.
+COMMUNICATING = {"lordo_jax.comm._collectives"}
+# Each folder of the package and the other folders its modules may import.
+LAYERS = {
+  "local": set(),  # the local step imports nothing from the round, comm or above
+  "comm": {"local"},  # messages use the local step's matrix layouts
+  "round": {"local", "comm"},  # the round communicates through comm only
+  "state": {"local", "comm", "round"},  # reads the states every layer makes
+  "methods": {"local", "comm", "round"},  # the optimizers, chains of the layers below
+}
+# Helpers every layer may import; they import nothing from the package.
+SHARED = {"lordo_jax._checks", "lordo_jax._tree_structure"}
+
+
+def _sources():
+  return sorted(PACKAGE.rglob("*.py"))
+
+
+def _docstring_lines(node) -> int:
+  body = node.body
+  if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+    if isinstance(body[0].value.value, str):
+      return body[0].end_lineno - body[0].lineno + 1
+  return 0
+
+
+def function_lengths(source: str) -> dict[str, int]:
+  """Lines of every function (nested ones too), its docstring not counted."""
+  lengths = {}
+  for node in ast.walk(ast.parse(source)):
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+      total = node.end_lineno - node.lineno + 1
+      lengths[f"{node.name}:{node.lineno}"] = total - _docstring_lines(node)
+  return lengths
+
+
+def imported_modules(source: str) -> set[str]:
+  """Every module a source imports, ``from lordo_jax import x`` as ``lordo_jax.x``."""
+  names = set()
+  for node in ast.walk(ast.parse(source)):
+    if isinstance(node, ast.Import):
+      names.update(alias.name for alias in node.names)
+    elif isinstance(node, ast.ImportFrom) and node.module:
+      names.add(node.module)
+      names.update(f"{node.module}.{alias.name}" for alias in node.names)
+  return names
+
+
+def test_function_lengths_are_counted_without_docstrings():
+  source = 'def f():\n  """Doc\n  more."""\n  a = 1\n  return a\n\n\ndef g(): return 1\n'
+  assert function_lengths(source) == {"f:1": 3, "g:8": 1}
+
+
+@pytest.mark.parametrize("path", _sources(), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_no_function_is_longer_than_the_limit(path):
+  long = {k: n for k, n in function_lengths(path.read_text()).items() if n > MAX_FUNCTION_LINES}
+  assert not long, f"{path.name}: functions over {MAX_FUNCTION_LINES} lines: {long}"
+
+
+def _module_name(path: pathlib.Path) -> str:
+  parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+  return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _import_graph() -> dict[str, set[str]]:
+  """Each module of the package and the package modules it imports directly.
+
+  ``from lordo_jax import x`` is an edge to ``lordo_jax.x`` only: the package's own
+  ``__init__`` is imported before any of its modules, whoever imports them.
+  """
+  modules = {_module_name(path): path for path in _sources()}
+  del modules["lordo_jax"]
+  return {
+    name: {m for m in imported_modules(path.read_text()) if m in modules}
+    for name, path in modules.items()
+  }
+
+
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+  """Every module ``start`` imports, directly or through others."""
+  seen, todo = set(), [start]
+  while todo:
+    for module in graph.get(todo.pop(), ()):
+      if module not in seen:
+        seen.add(module)
+        todo.append(module)
+  return seen
+
+
+def _layer(module: str) -> str:
+  """``local`` for ``lordo_jax.local._routing``; the module itself for a shared helper."""
+  return module if module in SHARED else module.split(".")[1]
+
+
+def _layer_modules(layer: str) -> list[str]:
+  return [_module_name(path) for path in sorted((PACKAGE / layer).rglob("*.py"))]
+
+
+def test_every_module_is_in_a_layer_or_shared():
+  modules = set(_import_graph())
+  layered = {m for layer in LAYERS for m in _layer_modules(layer)}
+  assert modules - layered == SHARED | {"lordo_jax.checkpoint"}
+
+
+@pytest.mark.parametrize("layer", sorted(LAYERS))
+def test_a_layer_imports_only_itself_the_layers_below_and_the_shared_helpers(layer):
+  graph = _import_graph()
+  allowed = LAYERS[layer] | {layer}
+  wrong = {
+    module: sorted(m for m in imports if m not in SHARED and _layer(m) not in allowed)
+    for module in _layer_modules(layer)
+    for imports in [graph[module]]
+  }
+  assert not {k: v for k, v in wrong.items() if v}, f"{layer}/ imports above itself"
+
+
+def test_the_shared_helpers_and_the_checkpoint_module_import_nothing_of_the_package():
+  graph = _import_graph()
+  for module in SHARED | {"lordo_jax.checkpoint"}:
+    assert not graph[module], module
+
+
+def test_the_import_check_sees_a_communicating_import():
+  assert imported_modules("from lordo_jax.comm import _collectives\n") & COMMUNICATING
+  assert imported_modules("import lordo_jax.comm._collectives as c\n") & COMMUNICATING
+  graph = {"a": {"b"}, "b": {"lordo_jax.comm._collectives"}, "c": set()}
+  assert reachable(graph, "a") & COMMUNICATING
+  assert not reachable(graph, "c") & COMMUNICATING
+
+
+def test_the_communicating_layer_is_seen():
+  """The check has something to find: the round and low-rank DDP do communicate."""
+  graph = _import_graph()
+  for module in (
+    "lordo_jax.round._synchronize",
+    "lordo_jax.comm._projected_mean",
+    "lordo_jax.round._averaging",
+  ):
+    assert reachable(graph, module) & COMMUNICATING, module
+
+
+@pytest.mark.parametrize("module", _layer_modules("local"))
+def test_the_local_step_imports_nothing_that_communicates(module):
+  """The local step and its bases never import the collectives, not even through others."""
+  graph = _import_graph()
+  assert module in graph, module
+  assert not reachable(graph, module) & COMMUNICATING

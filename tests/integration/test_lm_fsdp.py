@@ -1,0 +1,213 @@
+"""The LM job with ``--fsdp N`` and ``--offload``: sharded workers, anchors in host memory.
+
+LoRDO on the tiny LM, 4 workers x 2-way FSDP on the 8 simulated devices, with its
+anchor offloaded: a run stopped mid-round and resumed by a second ``train`` call (which
+rebuilds the mesh, the placement and the jitted step, and restores the sharded,
+offloaded checkpoint) must end bit-identical to the run that never stopped, its state
+still split over ``fsdp`` and its anchor still in ``pinned_host`` memory; the same
+checkpoint resumed unsharded and without offload must continue the same run; and the
+sharded run must give the ``--fsdp 1`` run's result to float rounding. Then the
+refusals of layouts that cannot work, and the command line.
+"""
+
+import dataclasses
+import json
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import jax
+import lm_example
+import numpy as np
+import pytest
+from lm_example import EXAMPLES
+from lm_example import PRESET
+from lm_example import main
+from lm_example import model
+from lm_example import report
+from lm_example import train
+
+import lordo_jax
+from lordo_jax import checkpoint
+
+# Host-offloaded state: without the compilation cache (tests/conftest.py).
+pytestmark = [pytest.mark.timeout(240, method="thread"), pytest.mark.no_compilation_cache]
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+M, F, N, K, STOP = 4, 2, 12, 4, 6  # workers, FSDP ways, steps, sync_every; a mid-round stop
+assert STOP % K
+CONFIG = lm_example.short_run(M, N, K, eval_every=4, fsdp=F, offload=True)
+
+
+@pytest.fixture(scope="module")
+def dataset():
+  return lm_example.dataset(M)
+
+
+def run(config, directory, dataset, **changes):
+  config = dataclasses.replace(config, checkpoint_dir=str(directory), **changes)
+  return train.train("lordo", config, PRESET, dataset, progress=False)
+
+
+@pytest.fixture(scope="module")
+def runs(dataset, tmp_path_factory):
+  """The sharded, offloaded run straight, stopped at STOP and resumed (also unsharded,
+  without offload, from a copy of the checkpoint); and the --fsdp 1 run."""
+  root = tmp_path_factory.mktemp("fsdp")
+  runs = {
+    "straight": run(CONFIG, root / "straight", dataset),
+    "stopped": run(CONFIG, root / "resumed", dataset, stop_after=STOP),
+    "root": root,
+  }
+  shutil.copytree(root / "resumed", root / "relaid")
+  runs["resumed"] = run(CONFIG, root / "resumed", dataset, resume=True)
+  runs["relaid"] = run(CONFIG, root / "relaid", dataset, resume=True, fsdp=1, offload=False)
+  runs["unsharded"] = run(CONFIG, root / "unsharded", dataset, fsdp=1, offload=False)
+  return runs
+
+
+def placed_targets(config):
+  """Fresh params and state placed as ``train`` places them: the restore's targets."""
+  tx = train.make_optimizer("lordo", config)
+  _, params = model.init(PRESET, config.seed)
+  state = train.stack(tx.init(params), M)
+  params = train.stack(params, M)
+  mesh = train.make_mesh(M, config.fsdp)
+  params = jax.device_put(params, train.param_shardings(mesh, params, config.fsdp))
+  shardings = lordo_jax.state_sharding(tx, params, worker_axis=train.AXIS)
+  return params, jax.device_put(state, shardings), shardings
+
+
+def final_trees(directory, config=CONFIG):
+  """The run's params and state at step N, restored onto the loop's own placement."""
+  params, state, _ = placed_targets(config)
+  return checkpoint.restore(directory, N, params, state)
+
+
+def assert_bit_identical(actual, expected):
+  assert jax.tree.structure(actual) == jax.tree.structure(expected)
+  paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(expected)]
+  for path, a, e in zip(paths, jax.tree.leaves(actual), jax.tree.leaves(expected), strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(e), err_msg=path, strict=True)
+
+
+def test_resumed_sharded_offloaded_run_is_bit_identical(runs):
+  straight, stopped, resumed = runs["straight"], runs["stopped"], runs["resumed"]
+  assert resumed.resumed_from == STOP and len(stopped.train_loss) == STOP
+  params, state = final_trees(runs["root"] / "straight")
+  resumed_params, resumed_state = final_trees(runs["root"] / "resumed")
+  assert_bit_identical(resumed_params, params)
+  assert_bit_identical(resumed_state, state)  # The ledger, bases, moments, anchor too.
+  assert resumed.train_loss == straight.train_loss
+  assert resumed.train_loss[:STOP] == stopped.train_loss
+  assert resumed.bytes_sent == straight.bytes_sent
+  assert [(e["step"], e["val_loss"]) for e in resumed.evals] == [
+    (e["step"], e["val_loss"]) for e in straight.evals
+  ]
+  assert resumed.communicated_bytes == straight.communicated_bytes > 0
+  assert straight.train_loss[-1] < straight.train_loss[0] - 0.3  # It trained.
+
+
+def test_after_resume_the_state_is_split_over_fsdp_with_the_anchor_on_the_host(runs):
+  params, state, shardings = placed_targets(CONFIG)
+  resumed_params, resumed_state = final_trees(runs["root"] / "resumed")
+  for restored, placed in ((resumed_params, params), (resumed_state, shardings)):
+    for got, want in zip(jax.tree.leaves(restored), jax.tree.leaves(placed), strict=True):
+      want = getattr(want, "sharding", want)
+      assert got.sharding.is_equivalent_to(want, got.ndim), (got.sharding, want)
+      assert got.sharding.memory_kind == want.memory_kind
+  up = resumed_state.anchor["blocks"][0]["mlp"]["up"]["kernel"]  # 32 x 128 per worker
+  assert tuple(up.sharding.spec) == (train.AXIS, train.FSDP_AXIS, None)  # The kept side.
+  assert up.sharding.memory_kind == "pinned_host"
+  assert {a.sharding.memory_kind for a in jax.tree.leaves(resumed_state.anchor)} == {"pinned_host"}
+  split = [x for x in jax.tree.leaves(resumed_state) if train.FSDP_AXIS in x.sharding.spec]
+  assert len(split) > len(jax.tree.leaves(resumed_state.anchor))  # Moments too, not only it.
+  # The live state at the end of the resumed call: anchor in host memory, and a
+  # device holds half of the worker's device-resident state, but for its counters.
+  sizes, unsharded = runs["resumed"].state_bytes, runs["unsharded"].state_bytes
+  assert sizes["host"] == sizes["offloadable"] == unsharded["offloadable"] > 0
+  assert sizes["total"] == unsharded["total"] == unsharded["device"]
+  assert unsharded["host"] == 0 and unsharded["per_device"] == unsharded["device"]
+  assert sizes["device"] / 2 <= sizes["per_device"] < 0.6 * sizes["device"]
+
+
+def test_two_way_fsdp_gives_the_unsharded_result(runs):
+  sharded, unsharded = runs["straight"], runs["unsharded"]
+  np.testing.assert_allclose(sharded.final_val_loss, unsharded.final_val_loss, rtol=1e-5)
+  np.testing.assert_allclose(sharded.train_loss, unsharded.train_loss, rtol=1e-5)
+  assert sharded.bytes_sent == unsharded.bytes_sent  # Ledgers equal.
+  params, _ = final_trees(runs["root"] / "straight")
+  reference, _ = final_trees(
+    runs["root"] / "unsharded", dataclasses.replace(CONFIG, fsdp=1, offload=False)
+  )
+  for name, a, b in zip(params, params.values(), reference.values(), strict=True):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+      x, y = np.asarray(x), np.asarray(y)
+      np.testing.assert_allclose(x, y, rtol=0, atol=1e-5 * np.max(np.abs(y)), err_msg=name)
+
+
+def test_a_checkpoint_resumes_in_another_layout(runs):
+  """Resumed with --fsdp 1 and no offload: placed anew, the same run to float rounding."""
+  straight, relaid = runs["straight"], runs["relaid"]
+  assert relaid.resumed_from == STOP
+  assert relaid.state_bytes["host"] == 0 and relaid.state_bytes["per_device"] > 0
+  np.testing.assert_allclose(relaid.train_loss, straight.train_loss, rtol=1e-5)
+  np.testing.assert_allclose(relaid.final_val_loss, straight.final_val_loss, rtol=1e-5)
+  assert relaid.bytes_sent == straight.bytes_sent
+
+
+def test_layouts_that_cannot_work_are_refused():
+  with pytest.raises(ValueError, match=r"--workers 4 x --fsdp 3 does not divide the 8 devices"):
+    train.make_mesh(4, 3)
+  for method in ("ddp", "low_rank_ddp"):
+    config = dataclasses.replace(CONFIG, offload=True)
+    with pytest.raises(ValueError, match=rf"--offload: {method} has no anchor.*lordo,"):
+      train.make_optimizer(method, config)
+  assert {"lordo", "diloco", "local_adam", "desloc"} <= set(train.offload_methods())
+  assert not {"ddp", "low_rank_ddp"} & set(train.offload_methods())
+  bad = {
+    ("--workers", "4", "--fsdp", "3"): "--fsdp 3 does not divide each worker's 2 devices",
+    ("--workers", "2", "--fsdp", "2", "--batch", "3"): "over each worker's 2 data-parallel",
+    ("--fsdp", "0"): "--fsdp 0 is not allowed",
+  }
+  for argv, expected in bad.items():
+    with pytest.raises(main.UsageError, match=expected):
+      main.check_args(main.parse_args(list(argv)))
+  main.check_args(main.parse_args(["--workers", "2", "--fsdp", "4", "--batch", "1"]))
+  main.check_offload(False, ["lordo", "ddp"], train.offload_methods())
+  with pytest.raises(main.UsageError, match=r"--offload: ddp,low_rank_ddp have no anchor"):
+    main.check_offload(True, ["lordo", "ddp", "low_rank_ddp"], train.offload_methods())
+
+
+def main_py(*args: str, out: pathlib.Path) -> subprocess.Popen:
+  command = [
+    sys.executable, str(EXAMPLES / "main.py"), "--preset", "tiny", "--steps", "8",
+    "--sync-every", "4", "--rank", "4", "--batch", "2", "--eval-every", "4",
+    "--eval-windows", "8", "--workers", "4", "--no-progress", "--out", str(out), *args,
+  ]  # fmt: skip
+  return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_main_trains_sharded_and_offloaded_and_refuses_offload_without_an_anchor(tmp_path):
+  good = main_py("--methods", "lordo", "--fsdp", "2", "--offload", out=tmp_path / "ok")
+  refused = main_py("--methods", "lordo,ddp", "--offload", out=tmp_path / "no")
+  _, stderr = refused.communicate(timeout=120)
+  lines = [line for line in stderr.splitlines() if line.strip()]
+  assert refused.returncode == 2 and len(lines) == 1, stderr
+  assert "--offload: ddp has no anchor" in lines[0] and "among lordo," in lines[0]
+  assert not (tmp_path / "no").exists()
+  stdout, stderr = good.communicate(timeout=180)
+  assert good.returncode == 0, stderr[-3000:]
+  assert "4 worker(s) on 8 devices, each sharded 2 ways (FSDP), anchors in host memory" in stdout
+  results = json.loads((tmp_path / "ok" / "results.json").read_text())
+  assert results["train_config"]["fsdp"] == 2 and results["train_config"]["offload"]
+  (result,) = results["results"]
+  host = result["state_bytes"]["host"]
+  assert host == result["state_bytes"]["offloadable"] > 0
+  lines = stdout.splitlines()
+  header = next(i for i, line in enumerate(lines) if line.startswith("method"))
+  row = lines[header + 2]
+  assert row.startswith("lordo ") and f"  {report.human_bytes(host)}  " in row
+  assert len(result["train_loss"]) == 8 and result["final_val_loss"] < 5.0

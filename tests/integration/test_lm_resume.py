@@ -1,0 +1,188 @@
+"""The LM example's checkpoints: a stopped and resumed run is the run that never stopped.
+
+For LoRDO and DiLoCo, the tiny LM is trained N steps straight, and again with a stop
+after k steps (mid-round) followed by a second ``train`` call that rebuilds
+everything (model, optimizer, mesh, jitted step, data generators) and restores the
+checkpoint. The final parameters and optimizer states, read back from each run's
+last checkpoint, must be bit-identical, and so must the curves. Then the command
+line: a stop and a resume through ``examples/main.py``, and resumes that cannot work
+stopping with one line that says what to change.
+"""
+
+import dataclasses
+import json
+import pathlib
+import subprocess
+import sys
+
+import jax
+import lm_example
+import numpy as np
+import pytest
+from lm_example import EXAMPLES
+from lm_example import PRESET
+from lm_example import checkpoints
+from lm_example import data
+from lm_example import model
+from lm_example import train
+
+from lordo_jax import checkpoint
+
+pytestmark = pytest.mark.timeout(240, method="thread")
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+M, N, K, STOP = 4, 24, 8, 12  # workers, steps, sync_every; the stop is mid-round
+assert STOP % K
+CONFIG = lm_example.short_run(M, N, K, eval_every=8)
+
+
+@pytest.fixture(scope="module")
+def dataset():
+  return lm_example.dataset(M)
+
+
+def final_trees(method: str, directory: pathlib.Path):
+  """The params and optimizer state of the run's checkpoint at step N, on the host."""
+  tx = train.make_optimizer(method, CONFIG)
+  _, params = model.init(PRESET, CONFIG.seed)
+  like = train.stack(params, M), train.stack(tx.init(params), M)
+  return jax.device_get(checkpoint.restore(directory, N, *like))
+
+
+def assert_trees_equal(actual, expected):
+  """Same structure, and every leaf bit-identical (same dtype, shape and values)."""
+  assert jax.tree.structure(actual) == jax.tree.structure(expected)
+  paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(expected)]
+  for path, a, e in zip(paths, jax.tree.leaves(actual), jax.tree.leaves(expected), strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(e), err_msg=path, strict=True)
+
+
+@pytest.mark.parametrize("method", ["lordo", "diloco"])
+def test_stop_and_resume_is_bit_identical(method, dataset, tmp_path):
+  straight = train.train(
+    method, dataclasses.replace(CONFIG, checkpoint_dir=str(tmp_path / "a")), PRESET, dataset,
+    progress=False,
+  )  # fmt: skip
+  stopped_config = dataclasses.replace(CONFIG, checkpoint_dir=str(tmp_path / "b"))
+  stopped = train.train(
+    method, dataclasses.replace(stopped_config, stop_after=STOP), PRESET, dataset, progress=False
+  )
+  assert len(stopped.train_loss) == STOP
+  assert checkpoints.latest_step(tmp_path / "b") == STOP
+  resumed = train.train(
+    method, dataclasses.replace(stopped_config, resume=True), PRESET, dataset, progress=False
+  )
+  assert resumed.resumed_from == STOP
+
+  params, state = final_trees(method, tmp_path / "a")
+  resumed_params, resumed_state = final_trees(method, tmp_path / "b")
+  assert_trees_equal(resumed_params, params)
+  assert_trees_equal(resumed_state, state)
+  # The curves continue the stopped run's, and equal the straight run's.
+  assert resumed.train_loss == straight.train_loss
+  assert resumed.train_loss[:STOP] == stopped.train_loss
+  assert resumed.bytes_sent == straight.bytes_sent
+  assert [(e["step"], e["val_loss"]) for e in resumed.evals] == [
+    (e["step"], e["val_loss"]) for e in straight.evals
+  ]
+  assert resumed.communicated_bytes == straight.communicated_bytes > 0
+  # And the run trained.
+  assert straight.train_loss[-1] < straight.train_loss[0] - 0.5
+
+
+def test_the_data_position_round_trips(dataset):
+  """``Batches.seek(position())`` in a new generator continues the same stream."""
+  batches = data.Batches(dataset, seq_len=PRESET.seq_len, batch_size=4, seed=3)
+  for _ in range(3):
+    batches()
+  position = batches.position()
+  expected = [batches() for _ in range(2)]
+  restarted = data.Batches(dataset, seq_len=PRESET.seq_len, batch_size=4, seed=3)
+  restarted.seek(position)
+  np.testing.assert_array_equal(np.stack([restarted() for _ in range(2)]), np.stack(expected))
+  assert not np.array_equal(expected[0], expected[1])
+
+
+@pytest.fixture(scope="module")
+def lordo_checkpoint(dataset, tmp_path_factory):
+  """A LoRDO run of CONFIG stopped after 2 steps: its checkpoint directory."""
+  directory = tmp_path_factory.mktemp("lordo")
+  config = dataclasses.replace(CONFIG, checkpoint_dir=str(directory), stop_after=2)
+  train.train("lordo", config, PRESET, dataset, progress=False)
+  return directory
+
+
+RESUME_ERRORS = {
+  "another_method": ("diloco", {}, "is a lordo run, not diloco; resume it with --methods lordo"),
+  "another_rank": ("lordo", {"rank": 2}, "with --rank 4, this run has --rank 2; use --rank 4"),
+  "another_dtype": ("lordo", {"param_dtype": "bfloat16"}, "use --param-dtype float32"),
+  "another_seed": ("lordo", {"seed": 1}, "use --seed 0"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", RESUME_ERRORS)
+def test_a_checkpoint_of_other_settings_says_what_to_change(case, lordo_checkpoint, dataset):
+  method, changes, expected = RESUME_ERRORS[case]
+  config = dataclasses.replace(CONFIG, checkpoint_dir=str(lordo_checkpoint), resume=True, **changes)
+  with pytest.raises(checkpoints.ResumeError) as error:
+    train.train(method, config, PRESET, dataset, progress=False)
+  message = str(error.value)
+  assert "\n" not in message
+  assert expected in message
+  assert "or another --checkpoint-dir to start afresh" in message
+
+
+def test_resume_without_a_checkpoint_and_start_over_one(lordo_checkpoint, dataset, tmp_path):
+  empty = dataclasses.replace(CONFIG, checkpoint_dir=str(tmp_path / "none"), resume=True)
+  with pytest.raises(checkpoints.ResumeError, match=r"^--resume: no checkpoint in .*none; train"):
+    train.train("lordo", empty, PRESET, dataset, progress=False)
+  assert not (tmp_path / "none").exists()
+  fresh = dataclasses.replace(CONFIG, checkpoint_dir=str(lordo_checkpoint))
+  with pytest.raises(checkpoints.ResumeError, match=r"already holds a checkpoint \(step 2\); add"):
+    train.train("lordo", fresh, PRESET, dataset, progress=False)
+
+
+def test_a_checkpoint_from_elsewhere_is_refused(dataset, tmp_path):
+  """A checkpoint saved by ``lordo_jax.checkpoint`` directly has no loop settings."""
+  params = {"w": np.zeros((2, 2), np.float32)}
+  checkpoint.save(tmp_path, 3, params, params)
+  config = dataclasses.replace(CONFIG, checkpoint_dir=str(tmp_path), resume=True)
+  with pytest.raises(checkpoints.ResumeError, match=r"\(step 3\) was not written by this training"):
+    train.train("lordo", config, PRESET, dataset, progress=False)
+
+
+def main_py(*args: str, out: pathlib.Path) -> subprocess.Popen:
+  """``examples/main.py`` on the tiny preset, as a background process."""
+  command = [
+    sys.executable, str(EXAMPLES / "main.py"), "--preset", "tiny", "--steps", "16",
+    "--sync-every", "8", "--rank", "4", "--batch", "2", "--eval-every", "8",
+    "--eval-windows", "8", "--no-progress", "--out", str(out), *args,
+  ]  # fmt: skip
+  return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_main_stops_resumes_and_rejects_what_cannot_resume(tmp_path):
+  ckpt = str(tmp_path / "ckpt")
+  first = main_py("--methods", "lordo", "--checkpoint-dir", ckpt, "--stop-after", "4", out=tmp_path)
+  assert first.wait(timeout=120) == 0, first.stderr.read()[-3000:]
+  bad = {
+    "--rank 4": main_py("--methods", "lordo", "--checkpoint-dir", ckpt, "--resume", "--rank", "2",
+                        out=tmp_path / "x"),
+    "--methods lordo": main_py("--methods", "diloco", "--checkpoint-dir", ckpt, "--resume",
+                               out=tmp_path / "x"),
+    "add --resume": main_py("--methods", "lordo", "--checkpoint-dir", ckpt, out=tmp_path / "x"),
+  }  # fmt: skip
+  for expected, proc in bad.items():
+    _, stderr = proc.communicate(timeout=120)
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2, (expected, stderr)
+    assert len(lines) == 1 and expected in lines[0], (expected, stderr)
+  assert not (tmp_path / "x").exists()
+  resumed = main_py("--methods", "lordo", "--checkpoint-dir", ckpt, "--resume", out=tmp_path)
+  stdout, stderr = resumed.communicate(timeout=120)
+  assert resumed.returncode == 0, stderr[-3000:]
+  (result,) = json.loads((tmp_path / "results.json").read_text())["results"]
+  assert result["resumed_from"] == 4
+  assert len(result["train_loss"]) == 16
+  assert [e["step"] for e in result["evals"]] == [0, 8, 16]

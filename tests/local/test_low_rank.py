@@ -1,0 +1,68 @@
+"""How ``scale_by_low_rank_adam`` computes its step: state shapes and the compiled step.
+
+The maths is checked against the NumPy reference in ``test_reference.py``; these
+tests hold the layout choices that keep the step fast (see the module docstring of
+:mod:`lordo_jax.local._low_rank_adam`): moments in MATH.md §2's frame, a state that can be
+donated, and a compiled local step that never transposes or copies a full matrix.
+"""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import optax
+import pytest
+
+import lordo_jax
+
+P, Q, RANK = 48, 160, 8  # Projected on the right (p < q): Q is q x r.
+
+
+def low_rank_step(**options):
+  return optax.chain(
+    lordo_jax.scale_by_low_rank_adam(RANK, omega=0.7, init_projection="random", **options),
+    optax.scale_by_learning_rate(1e-3),
+  )
+
+
+@pytest.mark.parametrize("shape", [(P, Q), (Q, P)])
+def test_state_shapes_follow_spec_section_2(shape):
+  tx = low_rank_step(error_feedback=True)
+  (state, _) = tx.init({"w": jnp.zeros(shape)})
+  m = state.moments["w"]
+  left = shape[0] >= shape[1]
+  assert m.basis.shape == (max(shape), RANK)
+  assert m.mu.shape == m.nu.shape == ((RANK, shape[1]) if left else (shape[0], RANK))
+  assert m.error.shape == shape
+
+
+@pytest.mark.parametrize("projection", lordo_jax.local._projection.METHODS)
+def test_the_state_can_be_donated(projection):
+  tx = low_rank_step(projection=projection)
+  params = {"w": jnp.ones((P, Q))}
+  step = jax.jit(
+    lambda p, s, g: (lambda u, s: (optax.apply_updates(p, u), s))(*tx.update(g, s, p)),
+    donate_argnums=(0, 1),
+  )
+  params, state = step(params, tx.init(params), {"w": jnp.ones((P, Q))})
+  params, state = step(params, state, {"w": jnp.ones((P, Q))})
+  assert bool(jnp.all(jnp.isfinite(params["w"])))
+
+
+@pytest.mark.parametrize("projection", lordo_jax.local._projection.METHODS)
+@pytest.mark.parametrize("shape", [(P, Q), (Q, P)])
+def test_the_local_step_never_transposes_or_copies_a_matrix(projection, shape):
+  tx = low_rank_step(projection=projection)
+  params = {"w": jnp.zeros(shape)}
+
+  def step(p, s, g):
+    updates, s = tx.update(g, s, p)
+    return optax.apply_updates(p, updates), s
+
+  hlo = jax.jit(step, donate_argnums=(0, 1)).lower(params, tx.init(params), params)
+  text = hlo.compile().as_text()
+  full = rf"f32\[{shape[0]},{shape[1]}\]|f32\[{shape[1]},{shape[0]}\]"
+  moved = [
+    line for line in text.splitlines() if re.search(rf"= ({full})\S* (transpose|copy)\(", line)
+  ]
+  assert not moved, moved
