@@ -65,7 +65,7 @@ def timed_refresh(projection: str, two_sided: bool, rank: int, repeats: int) -> 
   strategies = [method.strategy(p, q) for p, q in SHAPES]
   matrices = [decaying(p, q, i) for i, (p, q) in enumerate(SHAPES)]
   key = jax.random.key(0)
-  previous = [s.first(x, s.init(key), key)[0] if s.first else s.compute(x, s.init(key), key)[0]
+  previous = [s.exact(x, s.init(key), key)[0] if s.exact else s.compute(x, s.init(key), key)[0]
               for s, x in zip(strategies, matrices, strict=True)]  # fmt: skip
   refresh = jax.jit(
     lambda xs, ps: [s.compute(x, p, key)[0] for s, x, p in zip(strategies, xs, ps, strict=True)]

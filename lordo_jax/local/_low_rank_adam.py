@@ -1,56 +1,11 @@
-r"""Low-rank Adam: moments kept in an r-dimensional subspace of each matrix.
+r"""Low-rank Adam: :func:`scale_by_low_rank_adam`, moments in an r-dimensional subspace.
 
-The local step of MATH.md §3, for one ``p x q`` matrix, written for the left
-case (Q is ``p x r``; the right case is the left case of the transpose):
-
-.. math::
-  A &= G + E, \qquad c = Q^\top A, \qquad E \leftarrow A - Q c \\
-  u &\leftarrow \beta_1 u + (1 - \beta_1) c, \qquad
-  v \leftarrow \beta_2 v + (1 - \beta_2) c^2 \\
-  D &= \sqrt{v / (1 - \beta_2^t)} + \epsilon, \qquad
-  L = Q \left(\frac{u / (1 - \beta_1^t)}{D}\right) \\
-  \text{direction} &= (1 - \omega) \frac{G}{\mu s} + \omega L
-
-Three variants of the authors' code (``docs/FIDELITY.md``), each off by default:
-``qh_nu`` :math:`= \nu < 1` is QHAdam inside the projection,
-:math:`L = Q\,((1 - \nu) c + \nu \hat u) / D`; ``low_rank_term="momentum"`` leaves
-out the division by D, :math:`L = Q \hat u` (the update the authors' code applies);
-``full_rank_numerator="error_fed"`` puts the error-fed gradient in the full-rank
-term, :math:`(G + E_\text{before}) / (\mu s)`.
-
-The basis is a strategy (:mod:`lordo_jax.local.bases`): each matrix's
-:class:`~lordo_jax.local.bases.BasisStrategy` says how Q is computed (``svd``,
-``subspace_iteration``, ``dct``, ``randomized_svd``; two-sided ``svd``,
-``randomized_svd``), on which side it projects, and how
-:math:`c = \mathrm{project}(Q, A)` and :math:`L = \mathrm{unproject}(Q, X)` are
-formed. This module never asks which method it holds. The step works on each leaf's
-own ``p x q`` matrix and never transposes it: the coordinates, moments and
-denominator are ``r x q`` on the left, ``p x r`` on the right
-(:mod:`lordo_jax.local.bases.one_sided`) and ``r x r`` two-sided (TSR-Adam,
-:mod:`lordo_jax.local.bases.two_sided`: :math:`C = U^\top A V`, :math:`L = U X V^\top`,
-and the full-rank scale is then a scalar). Each basis matrix is formed once per step
-and used by both products.
-
-The error buffer E exists only with ``error_feedback=True``. When the basis is
-refreshed, the moments are carried into the new one (``transport``, MATH.md §4.6):
-
-* ``rotate`` (LDAdam): with the change of basis :math:`R = Q_\text{new}^\top
-  Q_\text{old}` (the strategy's ``overlap``; :math:`(R_U, R_V)` two-sided) acting
-  on coordinates as the strategy's ``carry`` (:math:`R u` on the left, :math:`u R^\top`
-  on the right, :math:`R_U u R_V^\top` two-sided), :math:`u \leftarrow R u`, and the
-  bias-corrected second moment becomes :math:`|(R \odot R)\,\mathrm{var} + (R \hat
-  m)^2|` with :math:`\mathrm{var} = \max(\hat v - \hat m^2, 0)`;
-* ``keep`` (GaLore): the moments are reused as they are;
-* ``reset``: the moments restart from zero.
-
-This transformation never communicates. Who refreshes the basis is a choice:
-``refresh_every=T`` refreshes it from the gradient this transformation receives at
-steps 1, T + 1, 2T + 1, ... (GaLore; :func:`lordo_jax.low_rank_ddp`), while
-:func:`lordo_jax.synchronize` refreshes it from the averaged pseudo-gradient through
-:meth:`LowRankAdam.refresh` (LoRDO). A data-parallel caller averages what it needs
-around the step's pieces (:attr:`LowRankAdam.project`, :attr:`LowRankAdam.step`, and
-:attr:`LowRankAdam.refresh`'s ``mean``), as :mod:`lordo_jax.comm._projected_mean` does
-for low-rank DDP's ``communicate="projected"``.
+The local step of MATH.md §3 for every matrix leaf, with error feedback, the moments'
+transport into a refreshed basis (MATH.md §4.6) and the quasi-hyperbolic full-rank
+term; the bases are strategies of :mod:`lordo_jax.local.bases`. It never
+communicates: :func:`lordo_jax.synchronize` refreshes its bases from the averaged
+pseudo-gradient through :attr:`LowRankAdam.refresh`, and low-rank DDP averages
+between its pieces (:mod:`lordo_jax.comm._projected_mean`).
 """
 
 import functools
@@ -120,12 +75,12 @@ class LowRankAdam(NamedTuple):
   replace the coordinates between the two.
   """
 
-  init: Callable
-  update: Callable
-  refresh: Callable
-  refresh_due: Callable  # count (after this step) -> bool array, or None.
-  project: Callable  # (updates, state) -> Projected.
-  step: Callable  # (updates, state, Projected) -> (directions, state).
+  init: Callable[[Any], "LowRankAdamState"]  # params -> the state before step 1.
+  update: Callable[..., tuple[Any, "LowRankAdamState"]]  # optax's update.
+  refresh: Callable[..., "LowRankAdamState"]  # (state, source, *, first, mean) -> state.
+  refresh_due: Callable[[jax.Array], jax.Array | None]  # count -> bool array, or None.
+  project: Callable[[Any, "LowRankAdamState"], "Projected"]  # (updates, state) -> Projected.
+  step: Callable[[Any, "LowRankAdamState", "Projected"], tuple[Any, "LowRankAdamState"]]
 
 
 def check_projection(
@@ -549,7 +504,59 @@ def scale_by_low_rank_adam(
 ) -> LowRankAdam:
   r"""Adam with its moments in a low-rank subspace of each matrix, plus the QH mix.
 
-  See the module docstring for the math. Every leaf this transformation sees must be
+  For one ``p x q`` matrix, in the left case (Q is ``p x r``; the right case is the
+  left case of the transpose), MATH.md §3:
+
+  .. math::
+    A &= G + E, \qquad c = Q^\top A, \qquad E \leftarrow A - Q c \\
+    u &\leftarrow \beta_1 u + (1 - \beta_1) c, \qquad
+    v \leftarrow \beta_2 v + (1 - \beta_2) c^2 \\
+    D &= \sqrt{v / (1 - \beta_2^t)} + \epsilon, \qquad
+    L = Q \left(\frac{u / (1 - \beta_1^t)}{D}\right) \\
+    \text{direction} &= (1 - \omega) \frac{G}{\mu s} + \omega L
+
+  Three variants of the authors' code (``docs/FIDELITY.md``), each off by default:
+  ``qh_nu`` :math:`= \nu < 1` is QHAdam inside the projection,
+  :math:`L = Q\,((1 - \nu) c + \nu \hat u) / D`; ``low_rank_term="momentum"`` leaves
+  out the division by D, :math:`L = Q \hat u` (the update the authors' code applies);
+  ``full_rank_numerator="error_fed"`` puts the error-fed gradient in the full-rank
+  term, :math:`(G + E_\text{before}) / (\mu s)`.
+
+  The basis is a strategy (:mod:`lordo_jax.local.bases`): each matrix's
+  :class:`~lordo_jax.local.bases.BasisStrategy` says how Q is computed (``svd``,
+  ``subspace_iteration``, ``dct``, ``randomized_svd``; two-sided ``svd``,
+  ``randomized_svd``), on which side it projects, and how
+  :math:`c = \mathrm{project}(Q, A)` and :math:`L = \mathrm{unproject}(Q, X)` are
+  formed; the step never asks which method it holds. It works on each leaf's
+  own ``p x q`` matrix and never transposes it: the coordinates, moments and
+  denominator are ``r x q`` on the left, ``p x r`` on the right
+  (:mod:`lordo_jax.local.bases.one_sided`) and ``r x r`` two-sided (TSR-Adam,
+  :mod:`lordo_jax.local.bases.two_sided`: :math:`C = U^\top A V`, :math:`L = U X V^\top`,
+  and the full-rank scale is then a scalar). Each basis matrix is formed once per step
+  and used by both products.
+
+  The error buffer E exists only with ``error_feedback=True``. When the basis is
+  refreshed, the moments are carried into the new one (``transport``, MATH.md §4.6):
+
+  * ``rotate`` (LDAdam): with the change of basis :math:`R = Q_\text{new}^\top
+    Q_\text{old}` (the strategy's ``overlap``; :math:`(R_U, R_V)` two-sided) acting
+    on coordinates as the strategy's ``carry`` (:math:`R u` on the left, :math:`u R^\top`
+    on the right, :math:`R_U u R_V^\top` two-sided), :math:`u \leftarrow R u`, and the
+    bias-corrected second moment becomes :math:`|(R \odot R)\,\mathrm{var} + (R \hat
+    m)^2|` with :math:`\mathrm{var} = \max(\hat v - \hat m^2, 0)`;
+  * ``keep`` (GaLore): the moments are reused as they are;
+  * ``reset``: the moments restart from zero.
+
+  This transformation never communicates. Who refreshes the basis is a choice:
+  ``refresh_every=T`` refreshes it from the gradient this transformation receives at
+  steps 1, T + 1, 2T + 1, ... (GaLore; :func:`lordo_jax.low_rank_ddp`), while
+  :func:`lordo_jax.synchronize` refreshes it from the averaged pseudo-gradient through
+  :meth:`LowRankAdam.refresh` (LoRDO). A data-parallel caller averages what it needs
+  around the step's pieces (:attr:`LowRankAdam.project`, :attr:`LowRankAdam.step`, and
+  :attr:`LowRankAdam.refresh`'s ``mean``), as :mod:`lordo_jax.comm._projected_mean` does
+  for low-rank DDP's ``communicate="projected"``.
+
+  Every leaf this transformation sees must be
   a matrix: route the others elsewhere with ``optax.partition`` (as
   :func:`lordo_jax.lordo` does), or give ``matrix_axes``.
 

@@ -1,64 +1,11 @@
-r"""Infrequent synchronisation: the K-step round of MATH.md §4.
+r"""Infrequent synchronisation: :func:`synchronize`, the K-step round of MATH.md §4.
 
-:func:`synchronize` wraps a local optimizer. Every step it applies the local
-optimizer; at the end of every round (step :math:`t` with :math:`t \bmod K = 0` for
-an int ``sync_every``) it also
-
-1. forms the pseudo-gradient :math:`\Delta_m = \text{anchor} - \theta_m`, where
-   :math:`\theta_m` is this worker's parameters after its local step;
-2. averages it, :math:`\Delta = \mathrm{pmean}_m(\Delta_m)` (the one full-size
-   message of the round);
-3. takes the outer step :math:`\theta = \text{anchor} + \text{outer}(\Delta)`, with
-   :math:`\text{outer}(\Delta)` the outer optimizer's update, and sets the anchor to
-   :math:`\theta` (default outer ``optax.sgd(1.0)``, whose update is :math:`-\Delta`:
-   :math:`\theta` is the mean of the workers' parameters);
-4. averages the optimizer moments (low-rank ones, ``r x q``, and the full-rank
-   path's Adam moments) every ``first_moment_every`` / ``second_moment_every`` syncs;
-5. refreshes every low-rank basis from :math:`\Delta` (identical on every worker, so
-   the subspace is shared for free) and transports the moments into it;
-6. returns :math:`\theta - \text{params}` as the update, so that
-   ``optax.apply_updates`` lands every worker on :math:`\theta`.
-
-Before the first step with ``init_projection="gradient"`` the first gradient is
-averaged (one counted full-size message) and every basis is computed from it.
-
-Beyond the paper, three options change how a round communicates:
-
-* ``compression="bfloat16" | "int8"``: every message is sent compressed
-  (:func:`lordo_jax.comm._collectives.counted_mean`); the pseudo-gradient with per-worker
-  error feedback of what the rounding lost (:attr:`SynchronizeState.residual`), so
-  nothing is lost over time; the moments without (each sync replaces them by their
-  average, so there is nothing to feed a residual into), and in bfloat16 when the
-  pseudo-gradient goes in int8 (:data:`lordo_jax.comm._compression.MOMENT_CODECS`).
-* ``fragments=F`` (streaming, as in Streaming DiLoCo): the parameters are cut into F
-  fragments that sync at staggered steps of the round, fragment f at the steps
-  :math:`t \equiv o_f \pmod K` (:func:`lordo_jax.round._periods.fragment_offsets`). Each
-  fragment has its own outer-optimizer state; its moments are averaged and its bases
-  refreshed at its own syncs. Every leaf still syncs once per K steps, so the total
-  sent is unchanged and the largest message is about 1/F of the model.
-* ``sync_every`` a function of the step (:mod:`lordo_jax.round._periods`), such as the
-  Quadratic Synchronization Rule: rounds of varying length, with no recompilation.
-
-All collectives go through :mod:`lordo_jax.comm._collectives`, inside ``lax.cond``
-branches, so nothing is sent or computed for the round on other steps.
-
-Cost of a local step: the update is ``where(synced now, anchor - params, local
-update)``, leaf by leaf, outside the round's ``lax.cond``, and the sync branch
-recomputes the local step it needs for the pseudo-gradient instead of taking it as an
-operand. A conditional's operands and results are materialised buffers, so carrying
-the local update through it made every local step write the full-size update out and
-read it back, and kept ``optax.apply_updates`` from fusing with the local step (on CPU
-a third of a local step on a 768 x 3072 matrix, ``benchmarks/step_speed.py``). The
-price is one more local step inside each sync step, and the inner optimizer must be
-local (no collectives), as every chain in this library is.
-
-Each part of the round is a module of its own: when it ends
-(:mod:`lordo_jax.round._schedule`), how messages are averaged
-(:mod:`lordo_jax.round._averaging`, a strategy chosen once from ``fault_tolerant`` and
-``compression``), steps 1 and 3 (:mod:`lordo_jax.round._outer_step`), step 4
-(:mod:`lordo_jax.round._moment_averaging`), step 5 and the initial projection
-(:mod:`lordo_jax.round._basis_refresh`), and the skipped steps and counts of
-``fault_tolerant=True`` (:mod:`lordo_jax.round._faults`).
+The round's parts are modules of their own: when it ends (``_periods``,
+``_schedule``), how messages are averaged (``_averaging``), the pseudo-gradient and
+outer step (``_outer_step``), the moments (``_moment_averaging``), the bases
+(``_basis_refresh``), failed workers (``_faults``) and host offload (``_offload``).
+Every collective goes through :mod:`lordo_jax.comm._collectives`, inside the round's
+``lax.cond``, so nothing is sent or computed for the round on other steps.
 """
 
 import functools
@@ -84,7 +31,7 @@ from lordo_jax.round import _periods as schedules
 from lordo_jax.round import _schedule as round_schedule
 from lordo_jax.round._faults import FaultCounts
 
-PROJECTION_SOURCES = tuple(basis_refresh.SOURCES)
+PROJECTION_SOURCES = basis_refresh.SOURCES
 
 
 class SynchronizeState(NamedTuple):
@@ -113,6 +60,8 @@ class _Round(NamedTuple):
   refresh: basis_refresh.BasisRefresh  # What happens to the low-rank bases.
   axis_name: str | None  # The worker axis.
   offload: bool  # Anchor, outer state and residual in host memory between syncs.
+  name: str  # How errors name the method.
+  fault_tolerant: bool  # Whether update() takes worker_present.
 
 
 def _check_options(name, sync_every, fragments, compression, fault_tolerant, moment_periods):
@@ -158,6 +107,13 @@ def _check_options(name, sync_every, fragments, compression, fault_tolerant, mom
   return fragments
 
 
+def _check_choices(name, projection_source, init_projection, offload):
+  """The options that pick among a few kinds."""
+  checks.one_of(name, "projection_source", projection_source, PROJECTION_SOURCES)
+  checks.one_of(name, "init_projection", init_projection, ("gradient", None))
+  checks.one_of(name, "offload", offload, (False, True))
+
+
 def synchronize(
   inner: optax.GradientTransformation,
   *,
@@ -177,7 +133,45 @@ def synchronize(
 ) -> optax.GradientTransformationExtraArgs:
   r"""Local steps with ``inner``, a synchronisation at the end of every round.
 
-  See the module docstring for the round. The update needs ``params``. It must be the
+  Every step applies the local optimizer; at the end of every round (step :math:`t`
+  with :math:`t \bmod K = 0` for an int ``sync_every``) each worker also
+
+  1. forms the pseudo-gradient :math:`\Delta_m = \text{anchor} - \theta_m`, where
+     :math:`\theta_m` is this worker's parameters after its local step;
+  2. averages it, :math:`\Delta = \mathrm{pmean}_m(\Delta_m)` (the one full-size
+     message of the round);
+  3. takes the outer step :math:`\theta = \text{anchor} + \text{outer}(\Delta)`, with
+     :math:`\text{outer}(\Delta)` the outer optimizer's update, and sets the anchor to
+     :math:`\theta` (default outer ``optax.sgd(1.0)``, whose update is :math:`-\Delta`:
+     :math:`\theta` is the mean of the workers' parameters);
+  4. averages the optimizer moments (low-rank ones, ``r x q``, and the full-rank
+     path's Adam moments) every ``first_moment_every`` / ``second_moment_every`` syncs;
+  5. refreshes every low-rank basis from :math:`\Delta` (identical on every worker, so
+     the subspace is shared for free) and transports the moments into it;
+  6. returns :math:`\theta - \text{params}` as the update, so that
+     ``optax.apply_updates`` lands every worker on :math:`\theta`.
+
+  Before the first step with ``init_projection="gradient"`` the first gradient is
+  averaged (one counted full-size message) and every basis is computed from it.
+
+  Beyond the paper, three options change how a round communicates:
+
+  * ``compression="bfloat16" | "int8"``: every message is sent compressed
+    (:func:`lordo_jax.comm._collectives.counted_mean`); the pseudo-gradient with per-worker
+    error feedback of what the rounding lost (:attr:`SynchronizeState.residual`), so
+    nothing is lost over time; the moments without (each sync replaces them by their
+    average, so there is nothing to feed a residual into), and in bfloat16 when the
+    pseudo-gradient goes in int8 (:data:`lordo_jax.comm._compression.MOMENT_CODECS`).
+  * ``fragments=F`` (streaming, as in Streaming DiLoCo): the parameters are cut into F
+    fragments that sync at staggered steps of the round, fragment f at the steps
+    :math:`t \equiv o_f \pmod K` (:func:`lordo_jax.round._periods.fragment_offsets`). Each
+    fragment has its own outer-optimizer state; its moments are averaged and its bases
+    refreshed at its own syncs. Every leaf still syncs once per K steps, so the total
+    sent is unchanged and the largest message is about 1/F of the model.
+  * ``sync_every`` a function of the step (:mod:`lordo_jax.round._periods`), such as the
+    Quadratic Synchronization Rule: rounds of varying length, with no recompilation.
+
+  The update needs ``params``. It must be the
   last transformation that changes the update: at a sync the update lands every
   worker on the synchronised parameters, and a transformation chained after it would
   make the workers part (:func:`lordo_jax.worker_disagreement` shows it).
@@ -253,9 +247,7 @@ def synchronize(
   fragments = _check_options(
     name, sync_every, fragments, compression, fault_tolerant, moment_periods
   )
-  checks.one_of(name, "projection_source", projection_source, PROJECTION_SOURCES)
-  checks.one_of(name, "init_projection", init_projection, ("gradient", None))
-  checks.one_of(name, "offload", offload, (False, True))
+  _check_choices(name, projection_source, init_projection, offload)
   averaging = averaging_lib.choose(
     axis_name, fault_tolerant=fault_tolerant, compression=compression
   )
@@ -266,52 +258,61 @@ def synchronize(
     fragments=fragments,
     averaging=averaging,
     moment_groups=moment_averaging.moment_groups(first_moment_every, second_moment_every),
-    refresh=basis_refresh.choose(low_rank, init_projection, projection_source, averaging.mean),
+    refresh=basis_refresh.BasisRefresh(
+      low_rank, init_projection, projection_source, averaging.mean
+    ),
     axis_name=axis_name,
     offload=bool(offload),
+    name=name,
+    fault_tolerant=fault_tolerant,
   )
 
-  def update_fn(grads, state, params=None, *, worker_present=True, **extra_args):
-    _check_update(name, params, axis_name, fault_tolerant, worker_present)
-    if parts.offload:  # A state placed in device memory (device_put of init) moves now.
-      state = _placed(state, offload_lib.to_host)
-    count = optax.safe_int32_increment(state.count)
-    present = jnp.asarray(worker_present, jnp.bool_)
-    inner_state, ledger = parts.refresh.before_first_step(
-      count, grads, state.inner_state, state.ledger, averaging.admit(present, grads)
-    )
-    state = state._replace(inner_state=inner_state, ledger=ledger)
-
-    def local_step():
-      """(local updates, inner state, faults) of this step's local optimizer step."""
-      updates, inner_state = parts.inner.update(grads, state.inner_state, params, **extra_args)
-      return averaging.guard_step(grads, updates, inner_state, state.inner_state, state.faults)
-
-    local_updates, inner_state, faults = local_step()
-    present = present & faults.round_ok  # A worker that failed a step this round is absent.
-    masks = round_schedule.fragment_masks(params, fragments)
-    predicates = round_schedule.sync_predicates(sync_every, len(masks), count, state.next_sync)
-    new_state = state._replace(count=count, inner_state=inner_state, faults=faults)
-    sync = functools.partial(_sync_fragment, parts, grads=grads, params=params, present=present)
-    # The branch recomputes the local updates: see "Cost of a local step" above.
-    new_state, anchor = _end_rounds(
-      parts.offload,
-      lambda f, fragment, s: sync(f, fragment, s, local_updates=local_step()[0]),
-      zip(masks, predicates, strict=True),
-      new_state,
-      params,
-    )
-    # 6. Synchronised leaves land on the anchor, the others take their local step.
-    updates = jax.tree.map(
-      _landing, round_schedule.synced_now(params, masks, predicates), anchor, params, local_updates
-    )
-    next_sync = round_schedule.next_sync(sync_every, count, state.next_sync, predicates[-1])
-    return updates, new_state._replace(next_sync=next_sync)
-
   init_fn = functools.partial(_init, parts)
+  update_fn = functools.partial(_update, parts)
   return optax.GradientTransformationExtraArgs(
     init_fn, state_structure.conformed(init_fn, update_fn, name)
   )
+
+
+def _update(parts: _Round, grads, state, params=None, *, worker_present=True, **extra_args):
+  """One step of :func:`synchronize`: the local step, and the rounds that end now."""
+  averaging = parts.averaging
+  _check_update(parts.name, params, parts.axis_name, parts.fault_tolerant, worker_present)
+  if parts.offload:  # A state placed in device memory (device_put of init) moves now.
+    state = _placed(state, offload_lib.to_host)
+  count = optax.safe_int32_increment(state.count)
+  present = jnp.asarray(worker_present, jnp.bool_)
+  inner_state, ledger = parts.refresh.before_first_step(
+    count, grads, state.inner_state, state.ledger, averaging.admit(present, grads)
+  )
+  state = state._replace(inner_state=inner_state, ledger=ledger)
+
+  def local_step():
+    """(local updates, inner state, faults) of this step's local optimizer step."""
+    updates, inner_state = parts.inner.update(grads, state.inner_state, params, **extra_args)
+    return averaging.guard_step(grads, updates, inner_state, state.inner_state, state.faults)
+
+  local_updates, inner_state, faults = local_step()
+  present = present & faults.round_ok  # A worker that failed a step this round is absent.
+  masks = round_schedule.fragment_masks(params, parts.fragments)
+  predicates = round_schedule.sync_predicates(parts.sync_every, len(masks), count, state.next_sync)
+  new_state = state._replace(count=count, inner_state=inner_state, faults=faults)
+  sync = functools.partial(_sync_fragment, parts, grads=grads, params=params, present=present)
+  # The branch recomputes the local step (see _sync_fragment): an update carried
+  # through a conditional is materialised and cannot fuse with apply_updates.
+  new_state, anchor = _end_rounds(
+    parts.offload,
+    lambda f, fragment, s: sync(f, fragment, s, local_updates=local_step()[0]),
+    zip(masks, predicates, strict=True),
+    new_state,
+    params,
+  )
+  # 6. Synchronised leaves land on the anchor, the others take their local step.
+  updates = jax.tree.map(
+    _landing, round_schedule.synced_now(params, masks, predicates), anchor, params, local_updates
+  )
+  next_sync = round_schedule.next_sync(parts.sync_every, count, state.next_sync, predicates[-1])
+  return updates, new_state._replace(next_sync=next_sync)
 
 
 def _end_rounds(offload, sync, rounds, state, params):
@@ -377,6 +378,13 @@ def _sync_offloaded(sync_now, state):
 def _sync_fragment(parts: _Round, f, fragment, state, *, grads, params, local_updates, present):
   """Steps 1-5 of the round for the leaves in ``fragment`` (fragment ``f``): the new
   state, whose anchor holds the synchronised parameters of those leaves.
+
+  ``local_updates`` are recomputed inside the sync branch rather than taken as an
+  operand: a conditional's operands are materialised buffers, so carrying the update
+  through it made every local step write it out and read it back, and kept
+  ``optax.apply_updates`` from fusing with the step (a third of a local step on a
+  768 x 3072 matrix on CPU, ``benchmarks/step_speed.py``). Hence the inner optimizer
+  must not communicate: a sync step runs it twice.
 
   Args:
     parts: the round's parts.

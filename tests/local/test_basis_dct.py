@@ -63,7 +63,7 @@ def test_side_shapes_and_init(p, q, side, left):
   n = p if left else q
   assert s.side == ("left" if left else "right")
   assert s.coordinates_shape == ((RANK, q) if left else (p, RANK))
-  assert s.first is None
+  assert s.exact is None
   placeholder = s.init(None)
   np.testing.assert_array_equal(placeholder.indices, np.arange(RANK))
   assert placeholder.size == n

@@ -51,7 +51,7 @@ def slow_decay(p, q, seed):
 @pytest.mark.parametrize("p, q", [(30, 20), (20, 30)])
 def test_shapes_side_and_init(p, q):
   s = method().strategy(p, q)
-  assert s.side == "left" and s.first is None  # a core has no side
+  assert s.side == "left" and s.exact is None  # a core has no side
   assert s.coordinates_shape == (RANK, RANK)
   placeholder = s.init(None)
   np.testing.assert_array_equal(placeholder.left, np.zeros((p, RANK)))
@@ -221,7 +221,7 @@ def one_sided_reference(x, key, oversample, power_iterations, left):
 def test_one_sided_shapes_side_and_init(p, q):
   s = one_sided().strategy(p, q)
   left = p >= q
-  assert s.side == ("left" if left else "right") and s.first is None
+  assert s.side == ("left" if left else "right") and s.exact is None
   assert s.coordinates_shape == ((RANK, q) if left else (p, RANK))
   n = p if left else q
   np.testing.assert_array_equal(s.init(None), np.zeros((n, RANK)))

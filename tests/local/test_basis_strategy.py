@@ -79,7 +79,7 @@ def marked(value):
 
 def fake_strategy(with_first):
   template = one_sided.strategy(6, 3, RANK, True, init=None, compute=marked(1.0))
-  return template._replace(first=marked(2.0) if with_first else None)
+  return template._replace(exact=marked(2.0) if with_first else None)
 
 
 @pytest.mark.parametrize("with_first", [True, False])

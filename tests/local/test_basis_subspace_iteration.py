@@ -84,11 +84,11 @@ def test_warm_starting_from_the_svd_subspace_stays_there():
 @pytest.mark.parametrize("p, q, left", [(14, 6, True), (6, 14, False)])
 def test_first_is_an_exact_svd_whatever_the_previous_basis(p, q, left):
   s = make(p, q, 1)
-  assert s.first is not None
+  assert s.exact is not None
   x = ref.separated(p, q, RANK, seed=5, top=(10.0, 8.0), tail=(6.0, 0.1))
   exact = ref.top_left(x, RANK) if left else ref.top_right(x, RANK)
   for previous in (s.init(None), s.init(jax.random.key(3))):
-    basis, ok = s.first(jnp.asarray(x, jnp.float32), previous, None)
+    basis, ok = s.exact(jnp.asarray(x, jnp.float32), previous, None)
     assert bool(ok)
     np.testing.assert_allclose(basis, exact, atol=1e-5)
   iterated, _ = s.compute(jnp.asarray(x, jnp.float32), s.init(jax.random.key(3)), None)
@@ -101,7 +101,7 @@ def test_a_non_finite_matrix_keeps_the_previous_basis_in_compute_and_first(bad):
   previous = s.init(jax.random.key(4))
   x = ref.separated(14, 6, RANK, seed=6)
   x[3, 1] = bad
-  for refresh in (s.compute, s.first):
+  for refresh in (s.compute, s.exact):
     basis, ok = refresh(jnp.asarray(x, jnp.float32), previous, None)
     assert not bool(ok)
     np.testing.assert_array_equal(basis, previous)

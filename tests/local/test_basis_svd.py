@@ -39,7 +39,7 @@ def test_side_and_coordinates_shape(p, q, side, want):
   s = make(p, q, side)
   assert s.side == want
   assert s.coordinates_shape == ((RANK, q) if want == "left" else (p, RANK))
-  assert s.first is None  # an SVD needs no other first basis
+  assert s.exact is None  # an SVD needs no other first basis
   n = p if want == "left" else q
   np.testing.assert_array_equal(s.init(None), np.zeros((n, RANK), np.float32))
 

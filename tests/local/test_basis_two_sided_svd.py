@@ -27,7 +27,7 @@ def make(p, q, side="auto"):
 @pytest.mark.parametrize("p, q", SHAPES)
 def test_shapes_side_and_init(p, q, side):
   s = make(p, q, side)  # the side option is the one-sided methods': a core has none
-  assert s.side == "left" and s.first is None
+  assert s.side == "left" and s.exact is None
   assert s.coordinates_shape == (RANK, RANK)
   placeholder = s.init(None)
   np.testing.assert_array_equal(placeholder.left, np.zeros((p, RANK), np.float32))

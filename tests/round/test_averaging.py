@@ -1,7 +1,7 @@
 """lordo_jax.round._averaging: the three means of a round, run on simulated workers.
 
 Each strategy's mean is compared with the NumPy mean over the workers (the present
-ones for ``of_present_workers``), and its ledger with the message sizes counted by
+ones for ``OfPresentWorkers``), and its ledger with the message sizes counted by
 hand from the leaves' shapes, dtypes and (compressed) row blocks.
 """
 
@@ -48,7 +48,7 @@ EVERYONE = np.ones(M, bool)
 @pytest.mark.parametrize("field", ["mean", "moment_mean"])
 def test_plain_mean_is_the_numpy_mean_and_counts_the_tree(field):
   tree = per_worker(0)
-  mean, fraction, ledger = run_mean(getattr(averaging.plain(AXIS), field), tree, EVERYONE)
+  mean, fraction, ledger = run_mean(getattr(averaging.Averaging(AXIS), field), tree, EVERYONE)
   for name in SHAPES:
     for m in range(M):  # every worker holds the same mean
       np.testing.assert_allclose(mean[name][m], tree[name].mean(axis=0), rtol=1e-6, atol=1e-6)
@@ -58,7 +58,7 @@ def test_plain_mean_is_the_numpy_mean_and_counts_the_tree(field):
 
 def test_plain_mean_counts_bytes_in_the_dtype_sent():
   tree = {"w": per_worker(1)["w"].astype(jnp.bfloat16), "b": per_worker(1)["b"]}
-  _, _, ledger = run_mean(averaging.plain(AXIS).mean, tree, EVERYONE)
+  _, _, ledger = run_mean(averaging.Averaging(AXIS).mean, tree, EVERYONE)
   assert workers.ledger_numbers(ledger) == (23, 18 * 2 + 5 * 4, 1)
 
 
@@ -66,7 +66,7 @@ def test_plain_pseudo_gradient_mean_passes_the_residual_on():
   tree = per_worker(2)
 
   def one(tree):
-    mean, fraction, ledger, residual = averaging.plain(AXIS).pseudo_gradient_mean(
+    mean, fraction, ledger, residual = averaging.Averaging(AXIS).pseudo_gradient_mean(
       tree, True, collectives.init_ledger(), (), None
     )
     assert residual == ()
@@ -75,7 +75,7 @@ def test_plain_pseudo_gradient_mean_passes_the_residual_on():
   mean, fraction = workers.on_workers(one, M)(tree)
   np.testing.assert_allclose(mean["w"][0], tree["w"].mean(axis=0), rtol=1e-6, atol=1e-6)
   np.testing.assert_array_equal(fraction, [1.0] * M)
-  assert averaging.plain(AXIS).init_residual(tree) == ()
+  assert averaging.Averaging(AXIS).init_residual(tree) == ()
 
 
 def test_present_workers_mean_leaves_out_the_absent_even_when_not_finite():
@@ -83,7 +83,7 @@ def test_present_workers_mean_leaves_out_the_absent_even_when_not_finite():
   tree["w"][1, 0, 0] = np.nan  # worker 1 is absent: its NaN must not reach the mean
   tree["b"][1] = np.inf
   present = np.array([True, False, True, True])
-  mean, fraction, ledger = run_mean(averaging.of_present_workers(AXIS).mean, tree, present)
+  mean, fraction, ledger = run_mean(averaging.OfPresentWorkers(AXIS).mean, tree, present)
   for name in SHAPES:
     expected = tree[name][present].astype(np.float64).mean(axis=0)
     for m in range(M):
@@ -98,7 +98,7 @@ def test_present_workers_mean_leaves_out_the_absent_even_when_not_finite():
 def test_present_workers_mean_with_nobody_present_is_zero_with_fraction_zero():
   tree = per_worker(4)
   mean, fraction, _ = run_mean(
-    averaging.of_present_workers(AXIS).moment_mean, tree, np.zeros(M, bool)
+    averaging.OfPresentWorkers(AXIS).moment_mean, tree, np.zeros(M, bool)
   )
   np.testing.assert_array_equal(fraction, [0.0] * M)
   for name in SHAPES:
@@ -112,8 +112,8 @@ def test_admit_takes_presence_and_finiteness_only_for_present_workers():
 
   def one(tree, present):
     return (
-      averaging.of_present_workers(AXIS).admit(present, tree),
-      averaging.plain(AXIS).admit(present, tree),
+      averaging.OfPresentWorkers(AXIS).admit(present, tree),
+      averaging.Averaging(AXIS).admit(present, tree),
     )
 
   tolerant, plain = workers.on_workers(one, M)(tree, present)
@@ -143,7 +143,7 @@ COMPRESSED_LEDGER = {
 @pytest.mark.parametrize("codec", ["bfloat16", "int8"])
 def test_compressed_error_feedback_loses_nothing_over_syncs(codec):
   """sum_t mean-sent_t + mean_m e_m == sum_t mean_m delta_{m,t} (float rounding)."""
-  strategy = averaging.compressed(AXIS, codec)
+  strategy = averaging.Compressed(AXIS, codec)
   deltas = [per_worker(10 + t, scale=1.0 + t) for t in range(5)]
 
   def one(delta, residual):
@@ -176,7 +176,7 @@ def test_compressed_error_feedback_loses_nothing_over_syncs(codec):
 
 
 def test_compressed_residual_of_leaves_outside_the_fragment_waits():
-  strategy = averaging.compressed(AXIS, "int8")
+  strategy = averaging.Compressed(AXIS, "int8")
   delta = per_worker(20)
   old = per_worker(21, scale=0.01)
   keep = {"w": True, "b": False}
@@ -203,7 +203,7 @@ def test_compressed_residual_of_leaves_outside_the_fragment_waits():
 
 @pytest.mark.parametrize("codec", ["bfloat16", "int8"])
 def test_compressed_plain_and_moment_means_codecs_and_ledgers(codec):
-  strategy = averaging.compressed(AXIS, codec)
+  strategy = averaging.Compressed(AXIS, codec)
   tree = per_worker(30)
   mean, fraction, ledger = run_mean(strategy.mean, tree, EVERYONE)
   assert workers.ledger_numbers(ledger) == COMPRESSED_LEDGER[codec]
@@ -235,7 +235,7 @@ def test_choose_picks_the_strategy_of_the_options():
 
 def test_one_worker_means_are_the_identity_and_send_nothing():
   tree = first_worker(per_worker(50))
-  for strategy in (averaging.plain(None), averaging.compressed(None, "int8")):
+  for strategy in (averaging.Averaging(None), averaging.Compressed(None, "int8")):
     mean, fraction, ledger = strategy.mean(tree, True, collectives.init_ledger())
     for name in SHAPES:
       np.testing.assert_array_equal(mean[name], tree[name])

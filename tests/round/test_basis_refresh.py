@@ -27,7 +27,7 @@ M, RANK = 4, 2
 AXIS = workers.AXIS
 PARAMS = {"w": jnp.zeros((8, 4)), "v": jnp.zeros((6, 3))}  # 32 + 18 elements
 LOW_RANK = low_rank.scale_by_low_rank_adam(RANK, init_projection="external")
-PLAIN_MEAN = averaging.plain(AXIS).mean
+PLAIN_MEAN = averaging.Averaging(AXIS).mean
 
 
 def numpy_basis(matrix) -> np.ndarray:
@@ -51,18 +51,11 @@ def bases(state) -> dict:
 
 @functools.cache
 def initial_runner(source: str):
-  """``initial_projection`` from ``source`` on every worker, compiled once."""
+  """``BasisRefresh.initial_projection`` from ``source`` on every worker, compiled once."""
 
   def one(state, grads):
-    return basis_refresh.initial_projection(
-      state,
-      collectives.init_ledger(),
-      grads,
-      True,
-      low_rank=LOW_RANK,
-      source=basis_refresh.SOURCES[source],
-      mean=PLAIN_MEAN,
-    )
+    refresh = basis_refresh.BasisRefresh(LOW_RANK, "gradient", source, PLAIN_MEAN)
+    return refresh.initial_projection(state, collectives.init_ledger(), grads, True)
 
   return workers.on_workers(one, M)
 
@@ -111,19 +104,12 @@ KEEP = {"w": True, "v": False}
 
 @functools.cache
 def at_sync_runner(source: str):
-  """``refresh_at_sync`` of the fragment KEEP on every worker, compiled once."""
+  """``BasisRefresh.at_sync`` of the fragment KEEP on every worker, compiled once."""
 
   def one(state, delta, grads, fraction):
     delta = {"w": delta["w"], "v": optax.MaskedNode()}
-    return basis_refresh.refresh_at_sync(
-      state,
-      delta,
-      grads,
-      KEEP,
-      fraction,
-      low_rank=LOW_RANK,
-      source=basis_refresh.SOURCES[source],
-    )
+    refresh = basis_refresh.BasisRefresh(LOW_RANK, "gradient", source, PLAIN_MEAN)
+    return refresh.at_sync(state, delta, grads, KEEP, fraction)
 
   return workers.on_workers(one, M)
 
@@ -166,14 +152,14 @@ def before_first_step(refresh, count: int, grads):
 def test_choose_initial_projection_only_at_step_one_and_only_for_gradient():
   grads = gradients(8)
   empty = bases(workers.stack(LOW_RANK.init(PARAMS), M))
-  gradient = basis_refresh.choose(LOW_RANK, "gradient", "pseudo_gradient", PLAIN_MEAN)
+  gradient = basis_refresh.BasisRefresh(LOW_RANK, "gradient", "pseudo_gradient", PLAIN_MEAN)
   state, ledger = before_first_step(gradient, 1, grads)
   np.testing.assert_allclose(bases(state)["w"][0], numpy_basis(grads["w"].mean(axis=0)), atol=1e-5)
   assert workers.ledger_numbers(ledger) == (50, 200, 1)
   for refresh, count in (
     (gradient, 2),  # a later step sends nothing
-    (basis_refresh.choose(LOW_RANK, None, "pseudo_gradient", PLAIN_MEAN), 1),
-    (basis_refresh.choose(None, "gradient", "pseudo_gradient", PLAIN_MEAN), 1),
+    (basis_refresh.BasisRefresh(LOW_RANK, None, "pseudo_gradient", PLAIN_MEAN), 1),
+    (basis_refresh.BasisRefresh(None, "gradient", "pseudo_gradient", PLAIN_MEAN), 1),
   ):
     state, ledger = before_first_step(refresh, count, grads)
     for name in PARAMS:
@@ -182,7 +168,7 @@ def test_choose_initial_projection_only_at_step_one_and_only_for_gradient():
 
 
 def test_choose_without_low_rank_leaves_the_state_at_sync():
-  refresh = basis_refresh.choose(None, "gradient", "pseudo_gradient", PLAIN_MEAN)
+  refresh = basis_refresh.BasisRefresh(None, "gradient", "pseudo_gradient", PLAIN_MEAN)
   state = optax.adam(1e-3).init(PARAMS)
   grads = {k: jnp.ones_like(v) for k, v in PARAMS.items()}
   assert refresh.at_sync(state, grads, grads, None, jnp.float32(1.0)) is state

@@ -115,7 +115,7 @@ def average(fields, keep, strategy, state, present):
 
 def test_average_moments_replaces_the_fields_by_their_mean():
   state = stacked_state(0)
-  got, ledger = average(("mu",), None, averaging.plain(AXIS), state, np.ones(M, bool))
+  got, ledger = average(("mu",), None, averaging.Averaging(AXIS), state, np.ones(M, bool))
   assert_states_close(got, expected_state(state, ("mu",), None))
   # The second moments differ between workers still.
   assert not np.allclose(
@@ -128,14 +128,14 @@ def test_average_moments_replaces_the_fields_by_their_mean():
 def test_average_moments_of_one_fragment_both_fields_in_one_message():
   state = stacked_state(1)
   keep = {"w": True, "b": False}
-  got, ledger = average(("mu", "nu"), keep, averaging.plain(AXIS), state, np.ones(M, bool))
+  got, ledger = average(("mu", "nu"), keep, averaging.Averaging(AXIS), state, np.ones(M, bool))
   assert_states_close(got, expected_state(state, ("mu", "nu"), keep))
   assert workers.ledger_numbers(ledger) == (2 * SIZES["w"], 2 * SIZES["w"] * 4, 1)
 
 
 def test_average_moments_over_present_workers_and_nobody_present():
   state = stacked_state(2)
-  tolerant = averaging.of_present_workers(AXIS)
+  tolerant = averaging.OfPresentWorkers(AXIS)
   present = np.array([True, True, False, True])
   got, ledger = average(("mu", "nu"), None, tolerant, state, present)
   assert_states_close(got, expected_state(state, ("mu", "nu"), None, present))
@@ -147,7 +147,7 @@ def test_average_moments_over_present_workers_and_nobody_present():
 
 def test_average_due_moments_at_syncs_one_to_six():
   groups = moment_averaging.moment_groups(2, 3)
-  mean = averaging.plain(AXIS).moment_mean
+  mean = averaging.Averaging(AXIS).moment_mean
 
   def one(state, sync_index):
     return moment_averaging.average_due_moments(

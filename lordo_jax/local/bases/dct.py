@@ -146,4 +146,4 @@ def method(options: strategy_lib.Options) -> strategy_lib.Method:
       stored_split=False,  # r indices: nothing worth splitting.
     )
 
-  return strategy_lib.Method(make, strategy_lib.bases_of_mean)
+  return strategy_lib.MethodFunctions(make, strategy_lib.bases_of_mean)

@@ -81,7 +81,7 @@ def strategy(
     project = lambda basis, matrix: matrix @ basis  # noqa: E731
     unproject = lambda basis, coordinates: coordinates @ basis.T  # noqa: E731
     carry = lambda rotation, coordinates: (rotation @ coordinates.T).T  # noqa: E731
-  return strategy_lib.BasisStrategy(
+  return strategy_lib.StrategyFunctions(
     init=init,
     compute=compute,
     exact=exact,
@@ -118,4 +118,4 @@ def dense_method(options: strategy_lib.Options, compute, exact=None) -> strategy
       exact=None if exact is None else exact(left),
     )
 
-  return strategy_lib.Method(make, strategy_lib.bases_of_mean)
+  return strategy_lib.MethodFunctions(make, strategy_lib.bases_of_mean)

@@ -154,4 +154,4 @@ def method(options: strategy_lib.Options) -> strategy_lib.Method:
     bases = randomized_bases(matrices, options.rank, keys, mean=mean, **sketched)
     return [strategy_lib.checked(b, p) for b, p in zip(bases, previous, strict=True)]
 
-  return strategy_lib.Method(make, bases_of_mean)
+  return strategy_lib.MethodFunctions(make, bases_of_mean)

@@ -26,6 +26,7 @@ positive, so every worker and any reference agree on the basis, not only its spa
 from collections.abc import Callable
 from typing import Any
 from typing import NamedTuple
+from typing import Protocol
 
 import jax
 import jax.numpy as jnp
@@ -33,34 +34,87 @@ import jax.numpy as jnp
 from lordo_jax.local.bases import layout
 
 Mean = Callable[[list], list]  # Averages a list of arrays over the workers (or not).
+Basis = Any  # Q (an array), a DCTBasis, or a TwoSidedBasis (U and V).
 
 
-class BasisStrategy(NamedTuple):
-  """How one ``p x q`` matrix is projected: its basis's kind, side and shapes."""
+class BasisStrategy(Protocol):
+  """How one ``p x q`` matrix is projected: its basis's kind, side and shapes.
 
-  init: Callable  # key -> a random basis; None -> a placeholder, replaced before use.
-  compute: Callable  # (matrix, previous, key) -> (basis, ok): a refresh, warm-started.
-  exact: Callable | None  # Like compute, for a run's first basis where it differs.
-  dense: Callable  # basis -> the form project, unproject take (formed once a step).
-  project: Callable  # (dense, p x q matrix) -> coordinates.
-  unproject: Callable  # (dense, coordinates) -> p x q matrix.
-  overlap: Callable  # (new basis, old basis) -> R, the change of basis.
-  carry: Callable  # (R, coordinates) -> R applied to them (and to R * R alike).
+  Implemented by :class:`StrategyFunctions` (one per matrix, made by a
+  :class:`Method`). ``exact`` is ``None`` or, for a run's first basis, a ``compute``
+  that differs (an SVD before ``subspace_iteration`` can warm-start).
+  """
+
+  exact: Callable | None
   coordinates_shape: tuple[int, int]  # r x q (left), p x r (right), r x r (two-sided).
   side: str  # "left" or "right": the axis of the coordinates that is the rank's.
-  # The matrix's (rows, cols) mesh axes -> the coordinates' (the same sharding).
+
+  def init(self, key: jax.Array | None) -> Basis:
+    """A random basis from ``key``; with ``None``, a placeholder replaced before use."""
+
+  def compute(self, matrix: jax.Array, previous: Basis, key) -> tuple[Basis, jax.Array]:
+    """``(basis, ok)``: a refresh from ``matrix``, warm-started from ``previous``."""
+
+  def dense(self, basis: Basis) -> Any:
+    """The form :meth:`project` and :meth:`unproject` take (formed once a step)."""
+
+  def project(self, dense: Any, matrix: jax.Array) -> jax.Array:
+    """The coordinates ``c`` of a ``p x q`` matrix."""
+
+  def unproject(self, dense: Any, coordinates: jax.Array) -> jax.Array:
+    """The ``p x q`` matrix of coordinates."""
+
+  def overlap(self, new: Basis, old: Basis) -> Any:
+    """``R``, the change of basis from ``old`` to ``new``."""
+
+  def carry(self, rotation: Any, coordinates: jax.Array) -> jax.Array:
+    """``R`` applied to coordinates (and to ``R * R`` alike)."""
+
+  def coordinates_spec(self, matrix_spec: tuple) -> tuple:
+    """The coordinates' mesh axes, from the matrix's (rows, cols) mesh axes."""
+
+  def basis_spec(self, matrix: jax.Array) -> Any:
+    """The stored basis's mesh axes, from the matrix (``None``: kept whole)."""
+
+
+class StrategyFunctions(NamedTuple):
+  """A :class:`BasisStrategy` made of functions, one field per member."""
+
+  init: Callable
+  compute: Callable
+  exact: Callable | None
+  dense: Callable
+  project: Callable
+  unproject: Callable
+  overlap: Callable
+  carry: Callable
+  coordinates_shape: tuple[int, int]
+  side: str
   coordinates_spec: Callable = lambda matrix_spec: (None, None)
-  # The matrix (its sharding) -> the stored basis's mesh axes (None: kept whole).
   basis_spec: Callable = lambda matrix: None
 
 
-class Method(NamedTuple):
-  """A projection method: the strategy of each matrix shape, and bases of a mean."""
+class Method(Protocol):
+  """A projection method: the strategy of each matrix shape, and bases of a mean.
+
+  Implemented by :class:`MethodFunctions`.
+  """
+
+  def strategy(self, p: int, q: int) -> BasisStrategy:
+    """The :class:`BasisStrategy` of a ``p x q`` matrix."""
+
+  def bases_of_mean(
+    self, strategies: list, matrices: list, previous: list, keys: list, first, mean: Mean
+  ) -> list:
+    """``[(basis, ok)]``: the bases of the workers' mean of each matrix
+    (:func:`bases_of_mean` is the default: average, then compute)."""
+
+
+class MethodFunctions(NamedTuple):
+  """A :class:`Method` made of functions."""
 
   strategy: Callable  # (p, q) -> the BasisStrategy of a p x q matrix.
-  # (strategies, matrices, previous, keys, first, mean) -> [(basis, ok)]: the bases
-  # of the workers' mean of each matrix; see :func:`bases_of_mean`.
-  bases_of_mean: Callable
+  bases_of_mean: Callable  # As Method.bases_of_mean.
 
 
 class Options(NamedTuple):

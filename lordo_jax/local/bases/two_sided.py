@@ -65,7 +65,7 @@ def strategy(p: int, q: int, rank: int, compute) -> strategy_lib.BasisStrategy:
 
   ``side`` is ``"left"``: the full-rank scale of a core is a scalar, and has no side.
   """
-  return strategy_lib.BasisStrategy(
+  return strategy_lib.StrategyFunctions(
     init=init(p, q, rank),
     compute=compute,
     exact=None,

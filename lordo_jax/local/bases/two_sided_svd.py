@@ -32,4 +32,4 @@ def method(options: strategy_lib.Options) -> strategy_lib.Method:
   def make(p: int, q: int) -> strategy_lib.BasisStrategy:
     return two_sided.strategy(p, q, options.rank, compute)
 
-  return strategy_lib.Method(make, strategy_lib.bases_of_mean)
+  return strategy_lib.MethodFunctions(make, strategy_lib.bases_of_mean)
