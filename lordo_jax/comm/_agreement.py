@@ -1,17 +1,8 @@
-r"""Whether the workers hold the same parameters: a cheap check to run after a sync.
+r"""Whether the workers hold the same parameters: :func:`worker_disagreement`.
 
-A sync lands every worker on the synchronised parameters, so right after it the
-workers agree (to float32 rounding of ``params + (anchor - params)``). A transformation
-chained after the method (``optax.scale``, a clip) changes the update that lands them,
-and they part without any error. :func:`worker_disagreement` measures it with two
-checksums per leaf, :math:`s_m = (\sum_i x_{m,i}, \sum_i x_{m,i}^2)`:
-
-.. math::
-  d = \max_\text{leaf} \max_k \frac{\max_m s_{m,k} - \min_m s_{m,k}}
-    {\max_m |s_{m,k}| + \text{tiny}}
-
-It sends two float32 numbers per leaf (one ``pmax``, one ``pmin``), outside any
-optimizer's ledger: a debugging aid, for the steps you choose.
+A sync lands every worker on the synchronised parameters; a transformation chained
+after the method (``optax.scale``, a clip) changes that landing, and the workers part
+without any error. This is the cheap check to run after a sync step.
 """
 
 from typing import Any
@@ -21,7 +12,16 @@ import jax.numpy as jnp
 
 
 def worker_disagreement(tree: Any, axis_name: str) -> jax.Array:
-  r"""The largest relative spread of the workers' checksums of ``tree`` (see above).
+  r"""The largest relative spread of the workers' checksums of ``tree``.
+
+  With two checksums per leaf, :math:`s_m = (\sum_i x_{m,i}, \sum_i x_{m,i}^2)`:
+
+  .. math::
+    d = \max_\text{leaf} \max_k \frac{\max_m s_{m,k} - \min_m s_{m,k}}
+      {\max_m |s_{m,k}| + \text{tiny}}
+
+  It sends two float32 numbers per leaf (one ``pmax``, one ``pmin``), outside any
+  optimizer's ledger: a debugging aid, for the steps you choose.
 
   Call it inside ``jax.shard_map`` or ``jax.pmap`` over ``axis_name``, on the
   parameters after a sync step. Every worker gets the same float32 scalar: about

@@ -1,28 +1,7 @@
 r"""Low-rank Adam made data-parallel by averaging its coordinates, not the gradient.
 
-Low-rank DDP's ``communicate="projected"`` (:func:`lordo_jax.low_rank_ddp`). The
-workers share every basis Q, and the projection is linear, so the mean of the
-workers' coordinates is the coordinates of the mean gradient:
-
-.. math::
-  \mathrm{mean}_m\, \mathrm{project}(Q, G_m) = \mathrm{project}(Q, \bar G),
-  \qquad \bar G = \mathrm{mean}_m G_m .
-
-Each step :func:`projected_mean` takes the low-rank step of
-:mod:`lordo_jax.local._low_rank_adam` apart and averages between its pieces:
-
-1. on a refresh step (``refresh_due``), the bases of the workers' mean gradient:
-   the ``p x q`` gradient averaged, or, for ``randomized_svd``, only its sketches
-   (``(p + q)(r + \text{oversample})`` elements per pass, one- or two-sided);
-2. ``project``: :math:`c_m = \mathrm{project}(Q, G_m)` (``r x q``, ``p x r``, or
-   ``r x r`` two-sided);
-3. :math:`\bar c = \mathrm{mean}_m c_m`, the only message of an ordinary step;
-4. ``step``: the moments and the direction from :math:`\bar c`.
-
-The iterates are those of the low-rank step on :math:`\bar G`, when the direction
-needs nothing but the coordinates: the full-rank term (``omega < 1``) and error
-feedback read the whole gradient, so they are not accepted here. Every mean is
-counted in the state's ledger (:func:`lordo_jax.comm._collectives.counted_pmean`).
+:func:`projected_mean` is low-rank DDP's ``communicate="projected"``
+(:func:`lordo_jax.low_rank_ddp`); its docstring has the steps and what travels.
 """
 
 from typing import Any
@@ -60,7 +39,28 @@ def projected_mean(
 ) -> optax.GradientTransformation:
   r"""``low_rank`` on the workers' mean gradient, sending its coordinates only.
 
-  See the module docstring for the steps and what travels.
+  The workers share every basis Q, and the projection is linear, so the mean of the
+  workers' coordinates is the coordinates of the mean gradient:
+
+  .. math::
+    \mathrm{mean}_m\, \mathrm{project}(Q, G_m) = \mathrm{project}(Q, \bar G),
+    \qquad \bar G = \mathrm{mean}_m G_m .
+
+  Each step :func:`projected_mean` takes the low-rank step of
+  :mod:`lordo_jax.local._low_rank_adam` apart and averages between its pieces:
+
+  1. on a refresh step (``refresh_due``), the bases of the workers' mean gradient:
+     the ``p x q`` gradient averaged, or, for ``randomized_svd``, only its sketches
+     (``(p + q)(r + \text{oversample})`` elements per pass, one- or two-sided);
+  2. ``project``: :math:`c_m = \mathrm{project}(Q, G_m)` (``r x q``, ``p x r``, or
+     ``r x r`` two-sided);
+  3. :math:`\bar c = \mathrm{mean}_m c_m`, the only message of an ordinary step;
+  4. ``step``: the moments and the direction from :math:`\bar c`.
+
+  The iterates are those of the low-rank step on :math:`\bar G`, when the direction
+  needs nothing but the coordinates: the full-rank term (``omega < 1``) and error
+  feedback read the whole gradient, so they are not accepted here. Every mean is
+  counted in the state's ledger (:func:`lordo_jax.comm._collectives.counted_pmean`).
 
   Args:
     low_rank: a :func:`lordo_jax.scale_by_low_rank_adam` with ``omega=1`` and no

@@ -1,26 +1,8 @@
 r"""ComputeProjection: the r-dimensional basis a low-rank matrix lives in.
 
-The public face of the one-sided bases of :mod:`lordo_jax.local.bases` (one file per
-method: :mod:`~lordo_jax.local.bases.svd`, :mod:`~lordo_jax.local.bases.subspace_iteration`,
-:mod:`~lordo_jax.local.bases.dct`). Everything here is written for the *left* case of
-MATH.md §2: ``X`` is an ``n x q`` matrix and the basis ``Q`` is ``n x r`` with
-orthonormal columns, so the coordinates are ``Q^T X`` (``r x q``). The right case is
-the left case of ``X^T``; :func:`compute_projection` takes ``side="right"`` to
-compute it from X itself.
-
-Three methods (MATH.md §5), all in float32 whatever the parameter dtype:
-
-* ``svd``: the first r left singular vectors of X, ordered by singular value.
-* ``subspace_iteration``: warm-started from the previous basis, n times
-  :math:`Q \leftarrow \mathrm{qr}(X (X^\top Q)).Q`; cost :math:`O(nqr)`.
-* ``dct``: the r columns of the orthonormal DCT-II basis
-  :math:`B_{ij} = \sqrt{2/n}\, c_j \cos(\pi (i + 1/2) j / n)`, :math:`c_0 = 1/\sqrt2`,
-  :math:`c_j = 1` otherwise, that score highest by :math:`\lVert B_j^\top X \rVert_2`,
-  kept in ascending index order. Only the r indices are stored (:class:`DCTBasis`).
-
-Signs are canonical: each column is flipped so that its largest-magnitude entry is
-positive, so every worker and any reference agree on the basis, not only its span.
-A refresh whose result is not finite keeps the previous basis (``ok=False``).
+The function-level face of the one-sided bases of :mod:`lordo_jax.local.bases` (one
+file per method): :func:`compute_projection` (whose docstring has the mathematics),
+:func:`principal_angles` to watch a subspace move, and :class:`DCTBasis`.
 """
 
 import jax
@@ -71,6 +53,26 @@ def compute_projection(
   side: str = "left",
 ) -> tuple[Basis, jax.Array]:
   r"""ComputeProjection(X) of MATH.md §5.
+
+  Written for the *left* case of
+  MATH.md §2: ``X`` is an ``n x q`` matrix and the basis ``Q`` is ``n x r`` with
+  orthonormal columns, so the coordinates are ``Q^T X`` (``r x q``). The right case is
+  the left case of ``X^T``; :func:`compute_projection` takes ``side="right"`` to
+  compute it from X itself.
+
+  Three methods (MATH.md §5), all in float32 whatever the parameter dtype:
+
+  * ``svd``: the first r left singular vectors of X, ordered by singular value.
+  * ``subspace_iteration``: warm-started from the previous basis, n times
+    :math:`Q \leftarrow \mathrm{qr}(X (X^\top Q)).Q`; cost :math:`O(nqr)`.
+  * ``dct``: the r columns of the orthonormal DCT-II basis
+    :math:`B_{ij} = \sqrt{2/n}\, c_j \cos(\pi (i + 1/2) j / n)`, :math:`c_0 = 1/\sqrt2`,
+    :math:`c_j = 1` otherwise, that score highest by :math:`\lVert B_j^\top X \rVert_2`,
+    kept in ascending index order. Only the r indices are stored (:class:`DCTBasis`).
+
+  Signs are canonical: each column is flipped so that its largest-magnitude entry is
+  positive, so every worker and any reference agree on the basis, not only its span.
+  A refresh whose result is not finite keeps the previous basis (``ok=False``).
 
   ``side="right"`` computes the basis of the right case, the left case of
   :math:`X^\top`, without forming the transpose: the right singular vectors of X,

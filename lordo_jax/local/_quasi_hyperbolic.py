@@ -1,38 +1,9 @@
 r"""Quasi-hyperbolic terms: the full-rank mix that keeps the subspace from freezing, and QHAdam.
 
-With a global projection alone every local update lies in span(Q), so the
-pseudo-gradient does too, and its top-r subspace is span(Q) again: the projection
-never moves. LoRDO mixes a full-rank term into every update (MATH.md §3):
-
-.. math::
-  F = \frac{G}{\mu\, s}, \qquad
-  \text{direction} = (1 - \omega) F + \omega L,
-
-where :math:`L = Q (\hat u / D)` is the low-rank Adam direction,
-:math:`D = \sqrt{\hat v} + \epsilon` its denominator (``r x q``), and ``s``
-normalises ``F`` to the scale of ``L``:
-
-* ``"scalar"``: the mean of D over all its entries (one number per matrix), as in
-  the authors' experimental code;
-* ``"vector"``: the mean of D over its r rows, a ``1 x q`` row broadcast over p
-  (right case, D is ``p x r``: the mean over its r columns, a ``p x 1`` column
-  broadcast over q).
-
-:math:`\omega = 1` switches the full-rank term off (the "global projection only"
-ablation); :math:`\omega` plays the role of QHAdam's immediate-discount factor.
-G and L are the leaf's ``p x q`` matrices on either side; only D's shape and the
-axis ``s`` averages depend on the side.
-
-QHAdam's own mix (Ma & Yarats) weighs the gradient against the bias-corrected first
-moment before Adam's division, :func:`qh_momentum`:
-
-.. math::
-  \text{direction} = \frac{(1 - \nu) g + \nu \hat m}{\sqrt{\hat v} + \epsilon}
-
-:func:`scale_by_qhadam` is that on whole leaves (the full-rank path's ``full_rank_nu``
-of :func:`lordo_jax.lordo`), and :func:`lordo_jax.scale_by_low_rank_adam`'s ``qh_nu``
-is that inside the projection, with the coordinates c in place of g. :math:`\nu = 1`
-is Adam.
+:func:`quasi_hyperbolic_mix` is LoRDO's full-rank term (MATH.md §1 says why it is
+needed); :func:`qh_momentum` and :func:`scale_by_qhadam` are QHAdam's numerator (Ma and
+Yarats), used on the full-rank path (``full_rank_nu``) and inside the projection
+(``qh_nu``).
 """
 
 import numbers
@@ -67,7 +38,19 @@ def quasi_hyperbolic_mix(
   *,
   side: str = "left",
 ) -> jax.Array:
-  r"""``(1 - omega) G / (mu s) + omega L`` for one matrix.
+  r"""``(1 - omega) G / (mu s) + omega L`` for one matrix (MATH.md §3).
+
+  .. math::
+    F = \frac{G}{\mu\, s}, \qquad
+    \text{direction} = (1 - \omega) F + \omega L,
+
+  where :math:`L = Q (\hat u / D)` is the low-rank Adam direction,
+  :math:`D = \sqrt{\hat v} + \epsilon` its denominator, and ``s`` brings ``F`` to the
+  scale of ``L``: with ``"scalar"`` the mean of all of D's entries (the authors'
+  code); with ``"vector"`` the mean of D over its r rows, a ``1 x q`` row broadcast
+  over p (right case, D is ``p x r``: over its r columns, broadcast over q).
+  :math:`\omega = 1` switches the full-rank term off (the "global projection only"
+  ablation); :math:`\omega` plays the role of QHAdam's immediate-discount factor.
 
   Args:
     gradient: G, ``p x q``, float32.
@@ -89,6 +72,11 @@ def quasi_hyperbolic_mix(
 
 def qh_momentum(gradient: jax.Array, first_moment: jax.Array, nu) -> jax.Array:
   r"""QHAdam's numerator :math:`(1 - \nu) g + \nu \hat m`; ``first_moment`` itself when nu is 1.
+
+  Divided by :math:`\sqrt{\hat v} + \epsilon` it is QHAdam's direction;
+  :math:`\nu = 1` is Adam. :func:`scale_by_qhadam` applies it to whole leaves, and
+  :func:`lordo_jax.scale_by_low_rank_adam`'s ``qh_nu`` inside the projection, with
+  the coordinates c in place of g.
 
   Args:
     gradient: g (or the low-rank coordinates c).

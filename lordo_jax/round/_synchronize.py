@@ -191,7 +191,7 @@ def synchronize(
     inner: the local optimizer (it produces the per-step update, learning rate
       included). Its Adam-like states (``optax.ScaleByAdamState`` and
       :class:`~lordo_jax.local._low_rank_adam.LowRankAdamState`) are what gets averaged. It
-      must not communicate: a sync step runs it twice (see the module docstring).
+      must not communicate: a sync step runs it twice (see ``_sync_fragment``).
     sync_every: K, steps per round; or a function of the step giving each round's
       length (:mod:`lordo_jax.round._periods`, e.g. :func:`lordo_jax.quadratic_sync_rule`).
     axis_name: the worker axis (``shard_map`` mesh axis or ``pmap`` axis name);

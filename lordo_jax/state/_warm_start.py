@@ -1,40 +1,8 @@
-r"""Warm start: a method's fresh state, with the inner optimizer state of another run.
+r"""Warm start: :func:`warm_start_state`, a fresh state with another run's inner optimizer state.
 
-The LoRDO authors start LoRDO from the checkpoint of a low-rank DDP run at a third of
-the run, its optimizer state included, so that every worker begins LoRDO in the
-subspace, with the moments and error buffers, of the shared low-rank DDP phase
-(``docs/FIDELITY.md``, point 1). :func:`warm_start_state` builds that state: the new
-method's ``tx.init(theta_S)`` (``theta_S`` the parameters at the switch), with every
-*inner optimizer state* taken from the source's. The inner optimizer states are the
-nodes of these types, found in tree order; the source's and the target's must list
-the same types in the same order (both follow the parameter tree and the
-``optax.partition`` of the low-rank methods' local step):
-
-===========================================  =========================================
-source (``low_rank_ddp``: the chain after    target (``lordo``: ``SynchronizeState
-``average_gradients``)                       .inner_state``, the same chain)
-===========================================  =========================================
-``LowRankMoments.basis`` Q, per matrix       the same matrix's ``basis`` (exactly)
-``LowRankMoments.mu, nu`` (u, v; r-sized)    ``mu, nu`` (``moments="keep"``) or zeros
-                                             (``"reset"``: the authors' switch)
-``LowRankMoments.error`` E (p x q)           ``error``, when both have error feedback;
-                                             else the target's (zeros, or ``(0,)``)
-``LowRankAdamState.count``                   ``count`` (the bias correction continues)
-``ScaleByAdamState.count, mu, nu`` (the      ``count``; ``mu, nu`` as the low-rank
-full-rank leaves' Adam, or QHAdam)           moments (kept, or zeros with "reset")
-``ScaleByScheduleState.count``               ``count``: a learning-rate schedule goes
-                                             on at step S + 1
-===========================================  =========================================
-
-Everything else is the target's: LoRDO's anchor (the parameters it was initialised
-with), its step and round counters (its first sync is K steps after the switch), its
-outer optimizer state, its ledger (zero: the source phase's bytes are the source's),
-its fault counts and ``LowRankAdamState.refresh_failures``. Build the target with
-``init_projection="random"``, so that it does not recompute its bases from its first
-gradient: its random bases are replaced by the source's here.
-
-With ``moments="keep"``, a warm start into the source's own method continues the
-source run exactly.
+The LoRDO authors start LoRDO from a low-rank DDP checkpoint a third of the way into
+the run, optimizer state included (``docs/FIDELITY.md``, point 1); the function's
+docstring has the table of what is taken and what is kept.
 """
 
 from typing import Any
@@ -116,7 +84,41 @@ def _take(source: Any, target: Any, moments: str) -> Any:
 def warm_start_state(source_state: Any, target_state: Any, *, moments: str = "keep") -> Any:
   """``target_state`` with every inner optimizer state taken from ``source_state``.
 
-  See the module docstring for what is taken (the table) and what is not.
+  The LoRDO authors start LoRDO from the checkpoint of a low-rank DDP run at a third of
+  the run, its optimizer state included, so that every worker begins LoRDO in the
+  subspace, with the moments and error buffers, of the shared low-rank DDP phase
+  (``docs/FIDELITY.md``, point 1). :func:`warm_start_state` builds that state: the new
+  method's ``tx.init(theta_S)`` (``theta_S`` the parameters at the switch), with every
+  *inner optimizer state* taken from the source's. The inner optimizer states are the
+  nodes of these types, found in tree order; the source's and the target's must list
+  the same types in the same order (both follow the parameter tree and the
+  ``optax.partition`` of the low-rank methods' local step):
+
+  ===========================================  =========================================
+  source (``low_rank_ddp``: the chain after    target (``lordo``: ``SynchronizeState
+  ``average_gradients``)                       .inner_state``, the same chain)
+  ===========================================  =========================================
+  ``LowRankMoments.basis`` Q, per matrix       the same matrix's ``basis`` (exactly)
+  ``LowRankMoments.mu, nu`` (u, v; r-sized)    ``mu, nu`` (``moments="keep"``) or zeros
+                                               (``"reset"``: the authors' switch)
+  ``LowRankMoments.error`` E (p x q)           ``error``, when both have error feedback;
+                                               else the target's (zeros, or ``(0,)``)
+  ``LowRankAdamState.count``                   ``count`` (the bias correction continues)
+  ``ScaleByAdamState.count, mu, nu`` (the      ``count``; ``mu, nu`` as the low-rank
+  full-rank leaves' Adam, or QHAdam)           moments (kept, or zeros with "reset")
+  ``ScaleByScheduleState.count``               ``count``: a learning-rate schedule goes
+                                               on at step S + 1
+  ===========================================  =========================================
+
+  Everything else is the target's: LoRDO's anchor (the parameters it was initialised
+  with), its step and round counters (its first sync is K steps after the switch), its
+  outer optimizer state, its ledger (zero: the source phase's bytes are the source's),
+  its fault counts and ``LowRankAdamState.refresh_failures``. Build the target with
+  ``init_projection="random"``, so that it does not recompute its bases from its first
+  gradient: its random bases are replaced by the source's here.
+
+  With ``moments="keep"``, a warm start into the source's own method continues the
+  source run exactly.
 
   Args:
     source_state: the source run's optimizer state at the switch (for instance a

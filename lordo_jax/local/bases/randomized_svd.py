@@ -1,32 +1,9 @@
 r"""Randomized SVD (Halko, Martinsson and Tropp, 2011): bases from sketches.
 
-With a Gaussian sketch :math:`\Omega` (``q x l``, :math:`l = r + \text{oversample}`
-capped at :math:`\min(p, q)`, drawn from a key that every worker derives alike from
-the seed and the step), the range finder of :func:`ranges` is
-
-.. math::
-  Y = X \Omega,\ Q = \mathrm{qr}(Y); \quad
-  \text{repeat } k \text{ times: } Q = \mathrm{qr}(X\, \mathrm{qr}(X^\top Q))
-
-(the right case is the left case of :math:`X^\top`, from a ``p x l`` sketch). The
-two-sided bases of this module are then, from the ``l x q`` core,
-
-.. math::
-  B = Q^\top X = U_B \Sigma V_B^\top, \quad U = Q U_B[:, :r],\ V = V_B[:, :r];
-
-:mod:`lordo_jax.local.bases.one_sided_randomized_svd` keeps the one side.
-
-Each product with X is linear in X, so when every worker holds its own
-:math:`X_m` and the refresh needs the mean, averaging the products (``p x l`` and
-``l x q`` messages) gives exactly the sketch of the mean: no worker ever sends its
-``p x q`` matrix. :func:`randomized_bases` takes the averaging as its ``mean``
-argument, and is this method's :attr:`~lordo_jax.local.bases.strategy.Method.bases_of_mean`.
-
-Nothing ``p x q`` is gathered either when X is split over a worker group's
-``Explicit`` mesh axes: every product with X is :func:`lordo_jax.local.bases.layout.product`
-(a split inner dimension summed inside the group), every ``n x l`` factor is
-orthonormalised by :func:`lordo_jax.local.bases.layout.orthonormal` (shifted Cholesky-QR when it is
-split by rows), and only the ``l x q`` core is made whole for its SVD.
+:func:`ranges` is the range finder (its docstring has the sketch and the power
+iterations); :func:`randomized_bases` makes the two-sided bases from it, and averages
+only sketches when the workers' mean is needed (its docstring says how);
+:mod:`lordo_jax.local.bases.one_sided_randomized_svd` keeps one side.
 
 References:
   Halko, Martinsson and Tropp, Finding structure with randomness, 2011
@@ -61,7 +38,17 @@ def ranges(
   power_iterations: int,
   mean: strategy_lib.Mean,
 ) -> list[jax.Array]:
-  r"""The range finder of the module docstring: an orthonormal ``n x l`` Q per matrix.
+  r"""The range finder: an orthonormal ``n x l`` Q per matrix.
+
+  With a Gaussian sketch :math:`\Omega` (``q x l``, :math:`l = r + \text{oversample}`
+  capped at :math:`\min(p, q)`, drawn from a key that every worker derives alike from
+  the seed and the step), the range finder of :func:`ranges` is
+
+  .. math::
+    Y = X \Omega,\ Q = \mathrm{qr}(Y); \quad
+    \text{repeat } k \text{ times: } Q = \mathrm{qr}(X\, \mathrm{qr}(X^\top Q))
+
+  (the right case is the left case of :math:`X^\top`, from a ``p x l`` sketch).
 
   Args:
     matrices: float32 ``p x q`` matrices.
@@ -105,7 +92,28 @@ def randomized_bases(
   power_iterations: int,
   mean: strategy_lib.Mean = lambda xs: xs,
 ) -> list[two_sided.TwoSidedBasis]:
-  """Randomized SVD bases of several matrices at once (see the module docstring).
+  r"""Randomized SVD bases of several matrices at once.
+
+  From the ranges of :func:`ranges`, the two-sided bases come from the ``l x q``
+  core:
+
+  .. math::
+    B = Q^\top X = U_B \Sigma V_B^\top, \quad U = Q U_B[:, :r],\ V = V_B[:, :r];
+
+  :mod:`lordo_jax.local.bases.one_sided_randomized_svd` keeps the one side.
+
+  Each product with X is linear in X, so when every worker holds its own
+  :math:`X_m` and the refresh needs the mean, averaging the products (``p x l`` and
+  ``l x q`` messages) gives exactly the sketch of the mean: no worker ever sends its
+  ``p x q`` matrix. This function takes the averaging as its ``mean`` argument, and
+  is this method's :meth:`~lordo_jax.local.bases.strategy.Method.bases_of_mean`.
+
+  Nothing ``p x q`` is gathered either when X is split over a worker group's
+  ``Explicit`` mesh axes: every product with X is
+  :func:`lordo_jax.local.bases.layout.product` (a split inner dimension summed inside
+  the group), every ``n x l`` factor is orthonormalised by
+  :func:`lordo_jax.local.bases.layout.orthonormal` (shifted Cholesky-QR when it is
+  split by rows), and only the ``l x q`` core is made whole for its SVD.
 
   Args:
     matrices: ``p x q`` matrices (each worker's own, when ``mean`` averages).
