@@ -6,11 +6,9 @@ all-reduce (elements and bytes per worker, before any algorithm's factor such as
 ring all-reduce's :math:`2(M-1)/M`) to that ledger. Communication therefore cannot
 happen uncounted, and the count is exactly what the compiled program all-reduces.
 
-A mean can also be sent compressed (:func:`counted_mean`), as a reduce-scatter then an
-all-gather of bfloat16 or int8 blocks, with error feedback of what the rounding lost.
-
-Counters are exact integers held as two int32 limbs (``low + high * 2**20``), so a
-run can count up to :math:`2^{51}` elements without enabling 64-bit JAX.
+A mean can also be sent compressed (:func:`counted_mean`: bfloat16 or int8 blocks,
+with error feedback). Counters are two int32 limbs (``low + high * 2**20``): exact up
+to :math:`2^{51}` elements without 64-bit JAX.
 """
 
 import sys

@@ -7,9 +7,8 @@ r"""Data parallelism: the gradient averaged every step, then the optimizer.
   as in :func:`lordo_jax.lordo`; with ``communicate="projected"`` the low-rank Adam
   averages only its ``r x q`` coordinates (and the gradient on refresh steps).
 
-Communication per step and per ``p x q`` matrix (payload elements per worker, before
-the ring all-reduce's ``2 (M - 1) / M``), MATH.md §7: DDP and low-rank DDP
-(``full``) ``pq``; low-rank DDP (``projected``) ``rq + pq / T``.
+Per step and ``p x q`` matrix (MATH.md §7): DDP and low-rank DDP (``full``) send
+``pq``, low-rank DDP (``projected``) ``rq + pq / T``.
 """
 
 import numbers

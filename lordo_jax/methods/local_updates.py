@@ -1,16 +1,14 @@
 r"""Local updates: local AdamW steps, synchronised every K steps.
 
-Each method is :func:`lordo_jax.synchronize` of AdamW
-(:func:`lordo_jax.methods.local_step.adamw`), MATH.md §6:
+Each is :func:`lordo_jax.synchronize` of AdamW (MATH.md §6):
 
 * :func:`local_adam`: params and both moments every K.
 * :func:`desloc`: params every K_x, moments every K_u and K_v.
 * :func:`diloco`: an outer Nesterov SGD on the averaged pseudo-gradient; moments
   stay local.
 
-Communication per step and per ``p x q`` matrix (payload elements per worker, before
-the ring all-reduce's ``2 (M - 1) / M``), MATH.md §7: Local Adam ``3pq / K``;
-DES-LOC ``pq (1/K_x + 1/K_u + 1/K_v)``; DiLoCo ``pq / K``.
+Per step and ``p x q`` matrix (MATH.md §7): Local Adam ``3pq / K``; DES-LOC
+``pq (1/K_x + 1/K_u + 1/K_v)``; DiLoCo ``pq / K``.
 """
 
 from typing import Any

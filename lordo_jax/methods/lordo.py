@@ -9,10 +9,8 @@ r"""LoRDO and its two ablations: low-rank Adam with infrequent synchronisation.
 * :func:`lordo_global_projection_only`: :func:`lordo` with ``omega = 1``, no
   full-rank term; the subspace never moves.
 
-Each is :func:`lordo_jax.synchronize` of the low-rank local step
-(:func:`lordo_jax.methods.local_step.low_rank_adamw`). Communication per round of K
-steps and per ``p x q`` matrix: ``pq + 2rq`` elements for LoRDO and its global
-ablation, ``pq`` for the local ablation (MATH.md §7).
+Each is :func:`lordo_jax.synchronize` of the low-rank local step; per round and
+``p x q`` matrix they send ``pq + 2rq`` elements, the local ablation ``pq`` (MATH.md §7).
 """
 
 from typing import Any

@@ -4,14 +4,7 @@ A worker whose gradient is not finite skips its local step (zero update, its
 floating-point optimizer state unchanged, its step counters advanced) and is marked
 failed for the round (``round_ok``). At a sync the averages leave out the workers that
 are failed, absent or hold a non-finite pseudo-gradient, and :class:`FaultCounts`
-counts them:
-
-.. math::
-  \text{excluded} \mathrel{+}= \operatorname{round}((1 - \phi) M), \qquad
-  \text{empty\_syncs} \mathrel{+}= [\phi = 0],
-
-with :math:`\phi` the share of the M workers present at the sync. Everything here is
-local arithmetic: no communication.
+counts them (:func:`count_sync`). Everything here is local arithmetic.
 """
 
 from typing import Any
@@ -92,9 +85,12 @@ def keep_every_step(grads, updates, inner_state, before, counts: FaultCounts):
 def count_sync(counts: FaultCounts, fraction, axis_name: str | None) -> FaultCounts:
   r"""The counts after a sync at which the share ``fraction`` of workers was present.
 
-  A new round starts (``round_ok`` true again, still per worker), the
-  :math:`\operatorname{round}((1 - \phi) M)` workers left out are added to
-  ``excluded``, and a sync with nobody present to ``empty_syncs``.
+  A new round starts (``round_ok`` true again, still per worker), and with
+  :math:`\phi` the share of the M workers present,
+
+  .. math::
+    \text{excluded} \mathrel{+}= \operatorname{round}((1 - \phi) M), \qquad
+    \text{empty\_syncs} \mathrel{+}= [\phi = 0].
   """
   workers = 1 if axis_name is None else jax.lax.axis_size(axis_name)
   absent = jnp.round((1 - fraction) * workers).astype(jnp.int32)

@@ -7,10 +7,8 @@ sync (1-based, counted per fragment) the fields due are
 .. math::
   \{\texttt{mu} : s \bmod P_1 = 0\} \cup \{\texttt{nu} : s \bmod P_2 = 0\},
 
-and fields with the same period go in one message. A moment is replaced by its mean
-over the workers, :math:`m \leftarrow \mathrm{mean}_m(m)`, for the low-rank moments
-(``r x q``) and the full-rank path's Adam moments alike
-(:mod:`lordo_jax.round._moment_trees`), and kept as it is where nobody was present.
+and fields with the same period go in one message. A moment (low-rank ``r x q`` or
+full-rank) is replaced by its mean over the workers, and kept where nobody was present.
 """
 
 from collections.abc import Callable

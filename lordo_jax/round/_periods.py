@@ -10,14 +10,8 @@ r"""When to synchronise: a fixed period, a schedule of the step, or the learning
   the next starts there. ``period`` is traced (it must be written with ``jnp``), so a
   changing period never recompiles the step.
 
-:func:`quadratic_sync_rule` is the Quadratic Synchronization Rule of Gu et al.
-(ICLR 2024): as the learning rate :math:`\eta` decays the rounds grow,
-
-.. math::
-  H = \max\left(H_\text{base}, \left\lfloor (\alpha / \eta)^2 \right\rfloor\right).
-
-:func:`sync_steps` lists the sync steps a period gives, on the host, to plan or check
-a run.
+:func:`quadratic_sync_rule` (Gu et al., ICLR 2024) lengthens rounds as the rate
+decays; :func:`sync_steps` lists a period's sync steps on the host.
 """
 
 from collections.abc import Callable
@@ -49,6 +43,11 @@ def quadratic_sync_rule(
   warmup_steps: int = 0,
 ) -> Callable:
   r"""The Quadratic Synchronization Rule: :math:`\max(H_b, \lfloor(\alpha/\eta_s)^2\rfloor)`.
+
+  As the learning rate :math:`\eta` decays the rounds grow,
+
+  .. math::
+    H = \max\left(H_\text{base}, \left\lfloor (\alpha / \eta)^2 \right\rfloor\right).
 
   Args:
     base_period: :math:`H_b`, the shortest round (the period at the peak rate).

@@ -6,6 +6,7 @@ log. A state stacked over workers (a leading worker axis, as ``pmap`` and
 """
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -18,6 +19,7 @@ from lordo_jax.comm import _collectives as collectives
 from lordo_jax.local import _low_rank_adam as low_rank_lib
 from lordo_jax.local import _projection as projection_lib
 from lordo_jax.local.bases import layout
+from lordo_jax.local.bases.two_sided import TwoSidedBasis
 from lordo_jax.round import _offload as offload_lib
 from lordo_jax.round import _synchronize as sync_lib
 
@@ -90,7 +92,7 @@ def projections(state: Any) -> Any:
   def matrix(m):
     if isinstance(m, optax.MaskedNode):
       return None
-    basis = m.basis
+    basis = _basis_of(m)
     if isinstance(basis, projection_lib.DCTBasis):
       columns = lambda i: projection_lib.dct_columns(i, basis.size)  # noqa: E731
       for _ in range(basis.indices.ndim - 1):
@@ -102,8 +104,30 @@ def projections(state: Any) -> Any:
       return columns(indices)
     return basis
 
-  is_entry = lambda x: isinstance(x, (low_rank_lib.LowRankMoments, optax.MaskedNode))  # noqa: E731
-  return jax.tree.map(matrix, nodes[0].moments, is_leaf=is_entry)
+  return jax.tree.map(matrix, nodes[0].moments, is_leaf=_is_entry)
+
+
+def _is_entry(x) -> bool:
+  """A matrix's moments (or a MaskedNode), also as the dict Flax's ``nnx.State`` makes."""
+  if isinstance(x, (low_rank_lib.LowRankMoments, optax.MaskedNode)):
+    return True
+  return isinstance(x, Mapping) and set(x) == set(low_rank_lib.LowRankMoments._fields)
+
+
+def _basis_of(m) -> Any:
+  """The basis of one matrix's moments, a NamedTuple or the dict ``nnx.State`` makes."""
+  if not isinstance(m, Mapping):
+    return m.basis
+  basis = m["basis"]
+  if isinstance(basis, Mapping) and set(basis) == set(TwoSidedBasis._fields):
+    return TwoSidedBasis(**basis)
+  if isinstance(basis, Mapping):
+    raise ValueError(
+      "projections: this state was re-wrapped by Flax (nnx.State), which drops a DCT "
+      "basis's size; read the bases from a state the optimizer returned (tx.update) "
+      "or from a plain optax loop."
+    )
+  return basis
 
 
 def _tree_bytes(tree: Any) -> int:

@@ -3,13 +3,10 @@ r"""Where a fresh optimizer state goes: the shardings ``tx.init`` gives, for any
 Inside ``jax.shard_map`` on a mesh with ``Explicit`` axes, ``tx.init`` of a sharded
 parameter already gives state sharded like it (:mod:`lordo_jax.local.bases.layout`): the
 anchor, error buffers, residual and full-rank moments split as the parameter is, the
-low-rank moments along the matrix's dimension they keep, the bases and scalars whole;
-with ``offload=True`` the anchor and outer state in ``pinned_host`` memory. With
-``Auto`` axes, or a state made outside the step, nothing carries that layout.
-:func:`state_sharding` computes it once, by lowering ``tx.init`` on the same devices
-with ``Explicit`` axes (nothing is allocated or compiled), and returns it as shardings
-of the caller's own mesh, to ``jax.device_put`` a state with or to give ``jit`` as
-``out_shardings``.
+low-rank moments along the matrix's dimension they keep, the bases and scalars whole.
+With ``Auto`` axes, or a state made outside the step, :func:`state_sharding` computes
+that layout once (lowering ``tx.init`` with ``Explicit`` axes, nothing allocated) as
+shardings of the caller's mesh, for ``jax.device_put`` or ``out_shardings``.
 """
 
 from typing import Any

@@ -209,3 +209,35 @@ def test_a_state_of_another_structure_is_refused_with_a_clear_error():
   other = lordo_jax.lordo(1e-2, rank=2, sync_every=2).init({"w": jnp.ones((16, 8))})
   with pytest.raises(ValueError, match="does not have the structure"):
     tx.update(params, other, params)
+
+
+@pytest.mark.parametrize("method", ["lordo", "lordo_two_sided", "lordo_dct"])
+def test_projections_read_the_state_nnx_optimizer_keeps(method):
+  model = MLP(nnx.Rngs(0))
+  optimizer = nnx.Optimizer(model, METHODS[method](), wrt=nnx.Param)
+  for _ in range(2):
+    optimizer.update(model, nnx.grad(nnx_loss)(model))
+  state = nnx.as_pure(optimizer.opt_state)
+  if method == "lordo_dct":  # nnx.State drops a DCT basis's static size: said clearly.
+    with pytest.raises(ValueError, match="drops a DCT basis's size"):
+      lordo_jax.projections(state)
+    return
+  tx = METHODS[method]()
+  params = params_of(MLP(nnx.Rngs(0)))
+  plain = tx.init(params)
+  for _ in range(2):
+    updates, plain = tx.update(_plain_grads(params), plain, params)
+    params = optax.apply_updates(params, updates)
+  got, want = lordo_jax.projections(state), lordo_jax.projections(plain)
+  for layer in ("up", "down"):
+    assert got[layer]["bias"] is None and want[layer]["bias"] is None
+    pairs = zip(
+      jax.tree.leaves(got[layer]["kernel"]), jax.tree.leaves(want[layer]["kernel"]), strict=True
+    )
+    for a, b in pairs:
+      np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
+
+
+def _plain_grads(params):
+  graphdef, _ = nnx.split(MLP(nnx.Rngs(0)), nnx.Param)
+  return jax.grad(lambda p: nnx_loss(nnx.merge(graphdef, p)))(params)
