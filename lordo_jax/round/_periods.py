@@ -25,6 +25,7 @@ from lordo_jax import _checks as checks
 
 SyncPeriod = int | Callable
 LONGEST_FIRST_ROUND = 2**20  # Steps: a first round this long is taken for "never syncs".
+LONG_FIRST_ROUND = 100  # quadratic_sync_rule warns at a first round this many base periods long.
 
 
 def round_length(sync_every: SyncPeriod, step) -> jnp.ndarray:
@@ -79,11 +80,11 @@ def quadratic_sync_rule(
   schedule = learning_rate if callable(learning_rate) else (lambda _: learning_rate)
   if warmup_steps == 0 and callable(learning_rate):
     first_rate = _on_the_host(lambda: float(np.asarray(schedule(0))))
-    if first_rate is not None and first_rate < alpha / np.sqrt(base_period):
+    if first_rate is not None and first_rate <= alpha / np.sqrt(LONG_FIRST_ROUND * base_period):
       checks.warn(
         f"quadratic_sync_rule: the learning rate at step 0 is {first_rate:g}, so the "
         f"first round lasts (alpha / rate)^2 = {_first_round(alpha, first_rate)} steps "
-        f"instead of base_period={base_period}: no sync until then. If the schedule "
+        f"against base_period={base_period}: no sync until then. If the schedule "
         "warms up, pass warmup_steps=<its warmup length> (rounds that start during "
         "the warmup last base_period)."
       )

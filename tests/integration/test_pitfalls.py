@@ -177,6 +177,9 @@ def test_a_sync_rule_that_starts_at_a_rate_of_zero_warns_and_its_fix_syncs():
 def test_a_sync_rule_that_syncs_gives_no_warning(recwarn):
   lordo_jax.lordo(1e-2, rank=2, sync_every=lordo_jax.quadratic_sync_rule(2, 0.01, 1e-2))
   lordo_jax.lordo(1e-2, rank=2, sync_every=4)
+  # A first round of 3 steps against a base of 2 is the rule at work, not a trap.
+  rule = lordo_jax.quadratic_sync_rule(2, 1.8, lambda step: jnp.asarray(1.0))
+  assert lordo_jax.sync_steps(rule, 6) == [3, 6]
   assert not [w for w in recwarn if issubclass(w.category, UserWarning)]
 
 
