@@ -8,6 +8,7 @@ pseudo-gradient through :attr:`LowRankAdam.refresh`, and low-rank DDP averages
 between its pieces (:mod:`lordo_jax.comm._projected_mean`).
 """
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -18,6 +19,7 @@ import jax.numpy as jnp
 import optax
 
 from lordo_jax import _checks as checks
+from lordo_jax import _keywords as keywords
 from lordo_jax import _tree_structure as state_structure
 from lordo_jax.local import _routing as routing
 from lordo_jax.local import bases as bases_lib
@@ -31,6 +33,7 @@ SIDES = ("auto", "left", "right", "galore_std")
 FULL_RANK_NUMERATORS = ("gradient", "error_fed")
 LOW_RANK_TERMS = ("adam", "momentum")
 INIT_PROJECTIONS = ("gradient", "random", "external")
+ERROR_FEEDBACK_DTYPES = ("float32", "bfloat16")
 
 
 class LowRankMoments(NamedTuple):
@@ -158,6 +161,14 @@ def check_options(who: str, o: "LowRankOptions") -> None:
   )
   checks.positive_int(who, "oversample", o.oversample, optional=True, minimum=0)
   checks.positive_int(who, "power_iterations", o.power_iterations, optional=True, minimum=0)
+  checks.one_of(
+    who, "error_feedback_dtype", dtype_name(o.error_feedback_dtype), ERROR_FEEDBACK_DTYPES
+  )
+
+
+def dtype_name(dtype: Any) -> str:
+  """A dtype's name (``"float32"``), from a name or a dtype object."""
+  return dtype if isinstance(dtype, str) else jnp.dtype(dtype).name
 
 
 def rotate_moments(strategy: bases_lib.BasisStrategy, mu, nu, new_basis, old_basis, count, b1, b2):
@@ -229,34 +240,92 @@ def _unzip(tree):
   return as_, bs
 
 
-class LowRankOptions(NamedTuple):
+@dataclasses.dataclass(frozen=True)
+class LowRankOptions:
   """The options of the low-rank Adam step (MATH.md §3), written and checked once.
 
-  :func:`scale_by_low_rank_adam` builds it from its keywords; :func:`lordo_jax.lordo`,
-  its ablations and :func:`lordo_jax.low_rank_ddp` build it from theirs
-  (:func:`lordo_jax.methods.options.low_rank_step`); :func:`check_options` checks it.
-  The public keyword of ``full_rank_rescale`` is ``mu``.
+  :func:`scale_by_low_rank_adam`, :func:`lordo_jax.lordo`, its ablations and
+  :func:`lordo_jax.low_rank_ddp` take these as keywords (their signatures and Args
+  text come from here, :mod:`lordo_jax._keywords`); :func:`check_options` checks them.
   """
 
-  rank: int  # r, the dimension of each matrix's subspace.
-  b1: float = 0.9  # Adam's first-moment decay.
-  b2: float = 0.999  # Adam's second-moment decay.
-  eps: float = 1e-8  # Adam's denominator offset.
-  omega: float = 1.0  # Weight of the low-rank term of the quasi-hyperbolic mix.
-  full_rank_rescale: float = 1.0  # The full-rank term's divisor: G / (rescale s).
-  full_rank_scale: str = "scalar"  # How s is taken from D: "scalar" or "vector".
-  full_rank_numerator: str = "gradient"  # The full-rank term's G, or "error_fed" G + E.
-  qh_nu: float = 1.0  # QHAdam's nu inside the projection; 1 is Adam.
-  low_rank_term: str = "adam"  # L = Q u_hat / D, or "momentum": Q u_hat.
-  projection: str = "svd"  # The projection method (MATH.md §5).
-  side: str = "auto"  # "auto", "left", "right" or "galore_std".
-  transport: str = "rotate"  # The moments at a refresh: "rotate", "keep" or "reset".
-  error_feedback: bool = False  # Keep and feed back the projection residual.
-  error_feedback_dtype: Any = "float32"  # The residual's dtype (a name or a dtype).
-  subspace_iterations: int | None = None  # Per refresh with "subspace_iteration" (None: 2).
-  two_sided: bool = False  # Project on both sides (TSR-Adam).
-  oversample: int | None = None  # Extra sketch columns of "randomized_svd" (None: 8).
-  power_iterations: int | None = None  # Power iterations of "randomized_svd" (None: 1).
+  rank: int = keywords.option("r, the dimension of each matrix's subspace.")
+  omega: float = keywords.option(
+    "weight of the low-rank term of the quasi-hyperbolic mix; 1 is plain low-rank Adam "
+    "(GaLore), with no full-rank term.",
+    1.0,
+  )
+  full_rank_rescale: float = keywords.option(
+    "rescaling of the full-rank term ``G / (mu s)``.", 1.0, keyword="mu"
+  )
+  b1: float = keywords.option("Adam's first-moment decay.", 0.9)
+  b2: float = keywords.option("Adam's second-moment decay.", 0.999)
+  eps: float = keywords.option("Adam's denominator offset.", 1e-8)
+  projection: str = keywords.option(
+    '``"svd"``, ``"subspace_iteration"``, ``"dct"`` or ``"randomized_svd"``; with '
+    '``two_sided=True``, ``"svd"`` or ``"randomized_svd"`` (MATH.md §5).',
+    "svd",
+  )
+  side: str = keywords.option(
+    '``"auto"`` (moments on the smaller dimension: left when p >= q), ``"left"``, '
+    '``"right"``, or ``"galore_std"`` (moments on the larger dimension, as GaLore\'s '
+    'standard projection); ``"auto"`` when two-sided.',
+    "auto",
+  )
+  transport: str = keywords.option(
+    'the moments at a refresh: ``"rotate"`` (LDAdam, MATH.md §4.6), ``"keep"`` '
+    '(GaLore) or ``"reset"``.',
+    "rotate",
+  )
+  error_feedback: bool = keywords.option(
+    "keep the projection residual ``E = A - Q Q^T A`` (two-sided: ``A - U C V^T``) and "
+    "feed it back (off by default, MATH.md §3 says why).",
+    False,
+  )
+  error_feedback_dtype: Any = keywords.option(
+    '``"float32"`` or ``"bfloat16"`` (half the memory): the dtype of E. A name, not a '
+    "dtype object, so that ``optax.inject_hyperparams`` leaves it alone.",
+    "float32",
+  )
+  full_rank_scale: str = keywords.option(
+    '``"scalar"`` or ``"vector"``: how the full-rank term\'s ``s`` is taken from D.',
+    "scalar",
+  )
+  full_rank_numerator: str = keywords.option(
+    '``"gradient"`` (G) or ``"error_fed"`` (G + E, E the error buffer before the step: '
+    "the LoRDO authors' full-rank term; needs ``error_feedback=True``).",
+    "gradient",
+  )
+  qh_nu: float = keywords.option(
+    "QHAdam inside the projection, ``L = Q ((1 - nu) c + nu u_hat) / D``; 1 is Adam.",
+    1.0,
+  )
+  low_rank_term: str = keywords.option(
+    '``"adam"`` (``Q u_hat / D``) or ``"momentum"`` (``Q u_hat``, the update the LoRDO '
+    "authors' code applies; for replication only, ``docs/FIDELITY.md``).",
+    "adam",
+  )
+  subspace_iterations: int | None = keywords.option(
+    'steps of warm-started subspace iteration per refresh with ``"subspace_iteration"`` '
+    "(``None``: 2).",
+    None,
+  )
+  two_sided: bool = keywords.option(
+    "project on both sides (TSR-Adam, :mod:`lordo_jax.local.bases.two_sided`): the "
+    "moments and their messages are ``r x r`` cores.",
+    False,
+  )
+  oversample: int | None = keywords.option(
+    'extra sketch columns of ``"randomized_svd"`` (``None``: 8).', None
+  )
+  power_iterations: int | None = keywords.option(
+    'power iterations of ``"randomized_svd"`` (``None``: 1; each costs two more '
+    "products with the matrix, and two more averages when distributed).",
+    None,
+  )
+
+
+STEP_KEYWORDS = keywords.of(LowRankOptions)
 
 
 class _Config(NamedTuple):
@@ -476,31 +545,15 @@ def _basis_options(step: LowRankOptions) -> bases_lib.Options:
   )
 
 
+@keywords.takes(STEP_KEYWORDS)
 def scale_by_low_rank_adam(
   rank: int,
   *,
-  b1: float = 0.9,
-  b2: float = 0.999,
-  eps: float = 1e-8,
-  omega: float = 1.0,
-  mu: float = 1.0,
-  full_rank_scale: str = "scalar",
-  full_rank_numerator: str = "gradient",
-  qh_nu: float = 1.0,
-  low_rank_term: str = "adam",
-  projection: str = "svd",
-  side: str = "auto",
-  transport: str = "rotate",
-  error_feedback: bool = False,
-  error_feedback_dtype: Any = jnp.float32,
-  subspace_iterations: int | None = None,
   refresh_every: int | None = None,
   init_projection: str = "gradient",
   seed: int | None = None,
   matrix_axes: Any = None,
-  two_sided: bool = False,
-  oversample: int | None = None,
-  power_iterations: int | None = None,
+  **options: Any,
 ) -> LowRankAdam:
   r"""Adam with its moments in a low-rank subspace of each matrix, plus the QH mix.
 
@@ -561,31 +614,7 @@ def scale_by_low_rank_adam(
   :func:`lordo_jax.lordo` does), or give ``matrix_axes``.
 
   Args:
-    rank: r, the dimension of the subspace.
-    b1, b2, eps: Adam's decay rates and denominator offset.
-    omega: weight of the low-rank term in the quasi-hyperbolic mix; 1 is plain
-      low-rank Adam (GaLore).
-    mu: rescaling of the full-rank term ``G / (mu s)``.
-    full_rank_scale: ``"scalar"`` or ``"vector"``: how ``s`` is taken from D.
-    full_rank_numerator: ``"gradient"``: the full-rank term is ``G / (mu s)``;
-      ``"error_fed"``: ``(G + E) / (mu s)``, E the error buffer before this step
-      (the LoRDO authors' code; needs ``error_feedback=True``).
-    qh_nu: QHAdam inside the projection: ``L = Q ((1 - nu) c + nu u_hat) / D``;
-      1 (default) is Adam's ``Q u_hat / D``.
-    low_rank_term: ``"adam"``: L as above; ``"momentum"``: L without the division
-      by D, ``Q u_hat`` (the update the LoRDO authors' code applies; for
-      replication only, ``docs/FIDELITY.md`` point 3).
-    projection: ``"svd"``, ``"subspace_iteration"``, ``"dct"`` or
-      ``"randomized_svd"``; with ``two_sided=True``, ``"svd"`` or ``"randomized_svd"``.
-    side: ``"auto"`` (moments on the smaller dimension: left when p >= q),
-      ``"left"``, ``"right"``, or ``"galore_std"`` (moments on the larger dimension:
-      right when p > q, else left); ``"auto"`` when two-sided.
-    transport: ``"rotate"``, ``"keep"`` or ``"reset"``: moments at a refresh.
-    error_feedback: keep the residual ``E = A - Q Q^T A`` (two-sided:
-      ``A - U C V^T``) and feed it back.
-    error_feedback_dtype: dtype of E (float32, or bfloat16 for half the memory).
-    subspace_iterations: steps of warm-started subspace iteration per refresh
-      (``None``: 2).
+    {options}
     refresh_every: if set, refresh the basis from the incoming gradient at steps
       1, T + 1, 2T + 1, ...; if ``None`` only :attr:`LowRankAdam.refresh` does.
     init_projection: the first basis: ``"gradient"`` (from the gradient of step 1),
@@ -596,11 +625,6 @@ def scale_by_low_rank_adam(
       (``None``: 0).
     matrix_axes: ``None`` (every leaf is a 2-D matrix), or ``low_rank_labels`` as
       :mod:`lordo_jax.local._routing` describes them.
-    two_sided: project on both sides (TSR-Adam): ``r x r`` moments and messages.
-    oversample: extra sketch columns of ``randomized_svd`` (``None``: 8).
-    power_iterations: power iterations of ``randomized_svd`` (``None``: 1; each
-      costs two more products with the matrix, and two more averages when
-      distributed).
 
   Returns:
     A :class:`LowRankAdam`; it never communicates (low-rank DDP's
@@ -621,31 +645,9 @@ def scale_by_low_rank_adam(
     (arXiv 2410.16103); Jovanović et al., LoRDO, 2026 (arXiv 2602.04396); Dang et
     al., TSR-Adam, 2026 (arXiv 2602.08007).
   """
-  who = "scale_by_low_rank_adam"
-  options = LowRankOptions(
-    rank=rank,
-    b1=b1,
-    b2=b2,
-    eps=eps,
-    omega=omega,
-    full_rank_rescale=mu,
-    full_rank_scale=full_rank_scale,
-    full_rank_numerator=full_rank_numerator,
-    qh_nu=qh_nu,
-    low_rank_term=low_rank_term,
-    projection=projection,
-    side=side,
-    transport=transport,
-    error_feedback=error_feedback,
-    error_feedback_dtype=error_feedback_dtype,
-    subspace_iterations=subspace_iterations,
-    two_sided=two_sided,
-    oversample=oversample,
-    power_iterations=power_iterations,
-  )
   return low_rank_adam(
-    who,
-    options,
+    "scale_by_low_rank_adam",
+    keywords.build(LowRankOptions, dict(options, rank=rank)),
     refresh_every=refresh_every,
     init_projection=init_projection,
     seed=seed,

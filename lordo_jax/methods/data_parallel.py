@@ -20,12 +20,13 @@ import jax.numpy as jnp
 import optax
 
 from lordo_jax import _checks as checks
+from lordo_jax import _keywords as keywords
 from lordo_jax.comm import _collectives as collectives
 from lordo_jax.comm import _compression as compression_lib
 from lordo_jax.comm import _projected_mean as projected_mean
 from lordo_jax.local import _routing as routing
 from lordo_jax.methods import local_step
-from lordo_jax.methods import options
+from lordo_jax.methods import options as options_lib
 
 COMMUNICATE = ("full", "projected")
 DEFAULT_REFRESH_EVERY = 200  # GaLore's update_proj_gap.
@@ -102,15 +103,13 @@ def average_gradients(
   return optax.GradientTransformation(init_fn, update_fn)
 
 
+@keywords.takes(options_lib.basics("axis_name"), options_lib.ADAM)
 def ddp(
   learning_rate: optax.ScalarOrSchedule,
   *,
   axis_name: str | None = None,
-  b1: float = 0.9,
-  b2: float = 0.999,
-  eps: float = 1e-8,
-  weight_decay: float = 0.0,
   compression: str | None = None,
+  **options: Any,
 ) -> optax.GradientTransformation:
   r"""Data-parallel AdamW (DDP): the full gradient is averaged every step.
 
@@ -124,11 +123,7 @@ def ddp(
   per step (MATH.md §7).
 
   Args:
-    learning_rate: a float or an optax schedule.
-    axis_name: the worker axis of ``jax.shard_map`` or ``jax.pmap``; ``None`` for
-      one worker.
-    b1, b2, eps: Adam's parameters.
-    weight_decay: decoupled weight decay, as in ``optax.adamw``.
+    {options}
     compression: ``None``, ``"bfloat16"`` or ``"int8"``: the gradient sent
       compressed, with error feedback (:func:`average_gradients`).
 
@@ -149,10 +144,10 @@ def ddp(
     `Decoupled Weight Decay Regularization <https://arxiv.org/abs/1711.05101>`_,
     ICLR 2019.
   """
-  options.check_adam("ddp", b1, b2, eps, weight_decay)
+  options_lib.check_adam("ddp", options)
   return optax.chain(
     average_gradients(axis_name, compression=compression),
-    local_step.adamw(learning_rate, b1, b2, eps, weight_decay),
+    local_step.adamw(learning_rate, **options),
   )
 
 
@@ -182,6 +177,7 @@ def _check_projected(who: str, *, omega, compression, error_feedback) -> None:
     )
 
 
+@keywords.takes(options_lib.basics("axis_name"), options_lib.LOW_RANK, transport="keep")
 def low_rank_ddp(
   learning_rate: optax.ScalarOrSchedule,
   *,
@@ -189,28 +185,8 @@ def low_rank_ddp(
   refresh_every: int | None = None,
   axis_name: str | None = None,
   communicate: str = "full",
-  omega: float = 1.0,
-  mu: float = 1.0,
-  b1: float = 0.9,
-  b2: float = 0.999,
-  eps: float = 1e-8,
-  weight_decay: float = 0.0,
-  projection: str = "svd",
-  side: str = "auto",
-  transport: str = "keep",
-  error_feedback: bool = False,
-  error_feedback_dtype: Any = "float32",
-  full_rank_scale: str = "scalar",
-  full_rank_numerator: str = "gradient",
-  qh_nu: float = 1.0,
-  low_rank_term: str = "adam",
-  full_rank_nu: float = 1.0,
-  low_rank_labels: Any = None,
-  subspace_iterations: int | None = None,
   compression: str | None = None,
-  two_sided: bool = False,
-  oversample: int | None = None,
-  power_iterations: int | None = None,
+  **options: Any,
 ) -> optax.GradientTransformation:
   r"""Low-rank DDP (GaLore-DDP): low-rank Adam on the averaged gradient.
 
@@ -247,43 +223,13 @@ def low_rank_ddp(
   elements per pass) instead of the ``p x q`` gradient.
 
   Args:
-    learning_rate: a float or an optax schedule.
-    rank: r, the dimension of each matrix's subspace.
+    {options}
     refresh_every: T, steps between basis refreshes (GaLore's ``update_proj_gap``;
       ``None``: 200).
-    axis_name: the worker axis; ``None`` for one worker.
     communicate: ``"full"`` or ``"projected"``.
-    omega: weight of the low-rank term of the quasi-hyperbolic mix (1: none of the
-      full-rank term, plain GaLore).
-    mu: rescaling of the full-rank term.
-    b1, b2, eps: Adam's parameters.
-    weight_decay: decoupled weight decay, as in ``optax.adamw``.
-    projection: ``"svd"``, ``"subspace_iteration"``, ``"dct"`` or
-      ``"randomized_svd"``; two-sided: ``"svd"`` or ``"randomized_svd"``.
-    side: ``"auto"``, ``"left"``, ``"right"`` or ``"galore_std"`` (moments on the
-      larger dimension, as GaLore's standard projection).
-    transport: moments at a refresh: ``"keep"`` (GaLore), ``"rotate"`` or
-      ``"reset"``.
-    error_feedback: keep and feed back the projection residual.
-    error_feedback_dtype: ``"float32"`` or ``"bfloat16"``.
-    full_rank_scale: ``"scalar"`` or ``"vector"``.
-    full_rank_numerator: ``"gradient"`` (G) or ``"error_fed"`` (G + E, the LoRDO
-      authors' full-rank term; needs ``error_feedback=True``).
-    qh_nu: QHAdam inside the projection, ``L = Q ((1 - nu) c + nu u_hat) / D``;
-      1 is Adam.
-    low_rank_term: ``"adam"`` (``Q u_hat / D``) or ``"momentum"`` (``Q u_hat``, the
-      update the LoRDO authors' code applies; for replication only).
-    full_rank_nu: QHAdam on the leaves off the low-rank path,
-      ``((1 - nu) g + nu m_hat) / (sqrt(v_hat) + eps)``; 1 is Adam.
-    low_rank_labels: which leaves are low-rank (see :mod:`lordo_jax.local._routing`).
-    subspace_iterations: iterations per refresh with ``"subspace_iteration"``
-      (``None``: 2).
     compression: ``None``, ``"bfloat16"`` or ``"int8"``: with ``communicate="full"``
       the gradient is sent compressed, with error feedback
       (:func:`average_gradients`).
-    two_sided: project on both sides (TSR-Adam), ``r x r`` moments and messages.
-    oversample, power_iterations: of the ``randomized_svd`` refresh (``None``: 8
-      extra sketch columns, 1 power iteration).
 
   Returns:
     An ``optax.GradientTransformation``.
@@ -304,38 +250,37 @@ def low_rank_ddp(
     al., `TSR-Adam <https://arxiv.org/abs/2602.08007>`_, 2026 (two-sided).
   """
   who = "low_rank_ddp"
-  options.check_static(who, locals())
   refresh_every = DEFAULT_REFRESH_EVERY if refresh_every is None else refresh_every
   checks.positive_int(who, "refresh_every", refresh_every)
   checks.one_of(who, "communicate", communicate, COMMUNICATE)
   projected = communicate == "projected"
   if projected:
-    _check_projected(who, omega=omega, compression=compression, error_feedback=error_feedback)
-  step = options.low_rank_step(who, locals())
+    _check_projected(
+      who, omega=options["omega"], compression=compression, error_feedback=options["error_feedback"]
+    )
+  step, local = options_lib.low_rank_step(who, dict(options, rank=rank))
 
   def matrices_path(low_rank):
     """Projected: the coordinates averaged (:mod:`lordo_jax.comm._projected_mean`)."""
     return projected_mean.projected_mean(low_rank, axis_name) if projected else low_rank
 
-  _, local = local_step.low_rank_adamw(
+  _, local_step_ = local_step.low_rank_adamw(
     step,
+    local,
     learning_rate,
     who=who,
-    full_rank_nu=full_rank_nu,
-    weight_decay=weight_decay,
-    low_rank_labels=low_rank_labels,
     init_projection="gradient",
     refresh_every=refresh_every,
     matrices_path=matrices_path,
   )
   if not projected:
-    return optax.chain(average_gradients(axis_name, compression=compression), local)
+    return optax.chain(average_gradients(axis_name, compression=compression), local_step_)
 
   # Only the leaves off the low-rank path are averaged in full here; projected_mean
   # averages the coordinates (and, on refresh steps, the gradient or its sketches).
-  labels = routing.partition_labels(low_rank_labels, rank, who)
+  labels = routing.partition_labels(local.low_rank_labels, rank, who)
 
   def full_rank_mask(tree):
     return jax.tree.map(lambda label: label == routing.FULL_RANK, labels(tree))
 
-  return optax.chain(optax.masked(average_gradients(axis_name), full_rank_mask), local)
+  return optax.chain(optax.masked(average_gradients(axis_name), full_rank_mask), local_step_)

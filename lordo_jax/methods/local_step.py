@@ -16,7 +16,6 @@ quasi-hyperbolic mix of :func:`lordo_jax.scale_by_low_rank_adam` (MATH.md §3).
 
 import numbers
 from collections.abc import Callable
-from typing import Any
 
 import optax
 
@@ -24,6 +23,7 @@ from lordo_jax.local import _low_rank_adam as low_rank_lib
 from lordo_jax.local import _precision as precision
 from lordo_jax.local import _quasi_hyperbolic as quasi_hyperbolic
 from lordo_jax.local import _routing as routing
+from lordo_jax.methods import options
 
 
 def _decoupled(direction, learning_rate, weight_decay) -> optax.GradientTransformation:
@@ -57,58 +57,25 @@ def full_rank_adam(b1, b2, eps, nu=1.0) -> optax.GradientTransformation:
   return precision.in_float32(adam)
 
 
-def local_adamw_path(
-  low_rank: Any,
-  *,
-  learning_rate: optax.ScalarOrSchedule,
-  b1: float,
-  b2: float,
-  eps: float,
-  weight_decay: float,
-  rank: int,
-  low_rank_labels: Any,
-  full_rank_nu: float = 1.0,
-  who: str,
-) -> optax.GradientTransformation:
-  """The local step: low-rank Adam on matrices, Adam elsewhere, then AdamW's tail.
-
-  Every moment is float32, whatever the parameter dtype. The other leaves take
-  :func:`full_rank_adam` (QHAdam with ``full_rank_nu`` < 1). Params in which no
-  leaf is low-rank are refused at ``init``, in the name of the method ``who``.
-
-  ``update = -lr * (direction + weight_decay * W)``, decoupled as in ``optax.adamw``.
-  """
-  direction = optax.partition(
-    {
-      routing.LOW_RANK: low_rank,
-      routing.FULL_RANK: full_rank_adam(b1, b2, eps, full_rank_nu),
-    },
-    routing.partition_labels(low_rank_labels, rank, who),
-  )
-  return _decoupled(direction, learning_rate, weight_decay)
-
-
 def low_rank_adamw(
   step: low_rank_lib.LowRankOptions,
+  local: options.LocalOptions,
   learning_rate: optax.ScalarOrSchedule,
   *,
-  weight_decay: float,
-  full_rank_nu: float = 1.0,
-  low_rank_labels: Any,
   init_projection: str,
   seed: int | None = None,
   refresh_every: int | None = None,
   matrices_path: Callable = lambda low_rank: low_rank,
   who: str,
 ) -> tuple[low_rank_lib.LowRankAdam, optax.GradientTransformation]:
-  """``(low_rank, local)``: the low-rank local step of :func:`lordo_jax.lordo`.
+  """``(low_rank, the local step)``: the low-rank local step of :func:`lordo_jax.lordo`.
 
-  ``low_rank`` is the :class:`~lordo_jax.LowRankAdam` on the matrices, the primitive
-  built from ``step`` (checked in ``who``'s name), ``low_rank_labels`` as its
-  ``matrix_axes`` and the keyword arguments here; ``local`` is
-  :func:`local_adamw_path` around ``matrices_path(low_rank)`` (Adam on the other
-  leaves, or QHAdam with ``full_rank_nu``; decoupled weight decay, learning rate). ``matrices_path``
-  may make the low-rank step data-parallel, as
+  ``low_rank`` is the :class:`~lordo_jax.LowRankAdam` built from ``step`` (checked in
+  ``who``'s name) with ``local.low_rank_labels`` as its ``matrix_axes``; the local step
+  is ``matrices_path(low_rank)`` on the matrices, Adam (QHAdam with ``full_rank_nu``)
+  on the other leaves, then AdamW's tail (decoupled weight decay, learning rate).
+  Params with no low-rank leaf are refused at ``init``. ``matrices_path`` may make the
+  low-rank step data-parallel, as
   :func:`lordo_jax.comm._projected_mean.projected_mean` does for low-rank DDP.
   """
   low_rank = low_rank_lib.low_rank_adam(
@@ -117,18 +84,13 @@ def low_rank_adamw(
     refresh_every=refresh_every,
     init_projection=init_projection,
     seed=seed,
-    matrix_axes=low_rank_labels,
+    matrix_axes=local.low_rank_labels,
   )
-  local = local_adamw_path(
-    matrices_path(low_rank),
-    learning_rate=learning_rate,
-    b1=step.b1,
-    b2=step.b2,
-    eps=step.eps,
-    weight_decay=weight_decay,
-    rank=step.rank,
-    low_rank_labels=low_rank_labels,
-    full_rank_nu=full_rank_nu,
-    who=who,
+  direction = optax.partition(
+    {
+      routing.LOW_RANK: matrices_path(low_rank),
+      routing.FULL_RANK: full_rank_adam(step.b1, step.b2, step.eps, local.full_rank_nu),
+    },
+    routing.partition_labels(local.low_rank_labels, step.rank, who),
   )
-  return low_rank, local
+  return low_rank, _decoupled(direction, learning_rate, local.weight_decay)

@@ -16,24 +16,19 @@ from typing import Any
 import optax
 
 from lordo_jax import _checks as checks
+from lordo_jax import _keywords as keywords
 from lordo_jax.methods import local_step
-from lordo_jax.methods import options
+from lordo_jax.methods import options as options_lib
 from lordo_jax.round import _synchronize as sync
 
 
+@keywords.takes(options_lib.basics("sync_every", "axis_name"), options_lib.ADAM, options_lib.ROUND)
 def local_adam(
   learning_rate: optax.ScalarOrSchedule,
   *,
   sync_every: Any,
   axis_name: str | None = None,
-  b1: float = 0.9,
-  b2: float = 0.999,
-  eps: float = 1e-8,
-  weight_decay: float = 0.0,
-  compression: str | None = None,
-  fragments: Any = None,
-  fault_tolerant: bool = False,
-  offload: bool = False,
+  **options: Any,
 ) -> optax.GradientTransformationExtraArgs:
   r"""Local Adam: local AdamW steps; params and both moments averaged every K steps.
 
@@ -49,14 +44,7 @@ def local_adam(
   Communication: ``3pq`` elements per ``p x q`` leaf per K steps (MATH.md §7).
 
   Args:
-    learning_rate: a float or an optax schedule.
-    sync_every: K, local steps per round, or a function of the step
-      (:mod:`lordo_jax.round._periods`).
-    axis_name: the worker axis; ``None`` for one worker.
-    b1, b2, eps: Adam's parameters.
-    weight_decay: decoupled weight decay, as in ``optax.adamw``.
-    compression, fragments, fault_tolerant, offload: the round's compressed
-      messages, streaming, fault tolerance and host offload, as in :func:`lordo_jax.lordo`.
+    {options}
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``; its ``update`` needs params.
@@ -74,20 +62,23 @@ def local_adam(
     <https://arxiv.org/abs/2505.22549>`_, 2025 (Local Adam averages both moments).
   """
   who = "local_adam"
-  options.check_static(who, locals())
-  options.check_adam(who, b1, b2, eps, weight_decay)
+  adam, round_options = _split(who, options)
   return sync.synchronize(
-    local_step.adamw(learning_rate, b1, b2, eps, weight_decay),
+    local_step.adamw(learning_rate, **adam),
     sync_every=sync_every,
     axis_name=axis_name,
     first_moment_every=1,
     second_moment_every=1,
-    compression=compression,
-    fragments=fragments,
-    fault_tolerant=fault_tolerant,
-    offload=offload,
     name=who,
+    **round_options,
   )
+
+
+def _split(who: str, options: dict[str, Any]) -> tuple[dict, dict]:
+  """``options`` as (AdamW's, checked; the round's)."""
+  options_lib.check_adam(who, options)
+  adam = {k.name: options[k.name] for k in options_lib.ADAM}
+  return adam, options_lib.round_options(options)
 
 
 def _period_in_syncs(who: str, name: str, steps, sync_every: int) -> int:
@@ -101,6 +92,7 @@ def _period_in_syncs(who: str, name: str, steps, sync_every: int) -> int:
   return steps // sync_every
 
 
+@keywords.takes(options_lib.basics("sync_every", "axis_name"), options_lib.ADAM, options_lib.ROUND)
 def desloc(
   learning_rate: optax.ScalarOrSchedule,
   *,
@@ -108,14 +100,7 @@ def desloc(
   first_moment_every: int | None = None,
   second_moment_every: int | None = None,
   axis_name: str | None = None,
-  b1: float = 0.9,
-  b2: float = 0.999,
-  eps: float = 1e-8,
-  weight_decay: float = 0.0,
-  compression: str | None = None,
-  fragments: Any = None,
-  fault_tolerant: bool = False,
-  offload: bool = False,
+  **options: Any,
 ) -> optax.GradientTransformationExtraArgs:
   r"""DES-LOC: local AdamW with independent periods for params and each moment.
 
@@ -131,13 +116,11 @@ def desloc(
   ``pq (1 + K_x/K_u + K_x/K_v)`` elements per K_x steps (MATH.md §7).
 
   Args:
-    learning_rate: a float or an optax schedule.
+    {options}
     sync_every: K_x, steps between parameter averages.
     first_moment_every: K_u, steps between first-moment averages; a multiple of
       K_x; ``None``: 3 K_x (the paper's setting).
     second_moment_every: K_v, the same for the second moment; ``None``: 6 K_x.
-    axis_name, b1, b2, eps, weight_decay, compression, fragments, fault_tolerant,
-      offload: as in :func:`local_adam`.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` (its ``update`` needs params) that
@@ -155,29 +138,26 @@ def desloc(
     Training Foundation Models <https://arxiv.org/abs/2505.22549>`_, 2025.
   """
   who = "desloc"
-  options.check_static(who, locals())
   checks.positive_int(who, "sync_every", sync_every)
-  options.check_adam(who, b1, b2, eps, weight_decay)
+  adam, round_options = _split(who, options)
   if first_moment_every is None:
     first_moment_every = 3 * sync_every
   if second_moment_every is None:
     second_moment_every = 6 * sync_every
   return sync.synchronize(
-    local_step.adamw(learning_rate, b1, b2, eps, weight_decay),
+    local_step.adamw(learning_rate, **adam),
     sync_every=sync_every,
     axis_name=axis_name,
     first_moment_every=_period_in_syncs(who, "first_moment_every", first_moment_every, sync_every),
     second_moment_every=_period_in_syncs(
       who, "second_moment_every", second_moment_every, sync_every
     ),
-    compression=compression,
-    fragments=fragments,
-    fault_tolerant=fault_tolerant,
-    offload=offload,
     name=who,
+    **round_options,
   )
 
 
+@keywords.takes(options_lib.basics("sync_every", "axis_name"), options_lib.ADAM, options_lib.ROUND)
 def diloco(
   learning_rate: optax.ScalarOrSchedule,
   *,
@@ -186,14 +166,7 @@ def diloco(
   outer_learning_rate: float = 0.7,
   outer_momentum: float = 0.9,
   nesterov: bool = True,
-  b1: float = 0.9,
-  b2: float = 0.999,
-  eps: float = 1e-8,
-  weight_decay: float = 0.0,
-  compression: str | None = None,
-  fragments: Any = None,
-  fault_tolerant: bool = False,
-  offload: bool = False,
+  **options: Any,
 ) -> optax.GradientTransformationExtraArgs:
   r"""DiLoCo: local AdamW, an outer Nesterov SGD on the averaged pseudo-gradient.
 
@@ -211,15 +184,10 @@ def diloco(
   elements per ``p x q`` leaf per K steps (MATH.md §7).
 
   Args:
-    learning_rate: the inner AdamW's learning rate (float or schedule).
-    sync_every: K (the paper's H), local steps per round, or a function of the
-      step (:mod:`lordo_jax.round._periods`).
-    axis_name: the worker axis; ``None`` for one worker.
+    {options}
     outer_learning_rate: :math:`\eta_o`.
     outer_momentum: :math:`\mu_o`.
     nesterov: Nesterov momentum in the outer step.
-    b1, b2, eps, weight_decay, compression, fragments, fault_tolerant, offload: of
-      the inner AdamW and the round, as in :func:`local_adam`.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` (its ``update`` needs params); the
@@ -237,22 +205,18 @@ def diloco(
     Models <https://arxiv.org/abs/2311.08105>`_, 2023.
   """
   who = "diloco"
-  options.check_static(who, locals())
   checks.positive(who, "outer_learning_rate", outer_learning_rate)
   checks.in_interval(who, "outer_momentum", outer_momentum, 0.0, 1.0, closed_high=False)
   checks.one_of(who, "nesterov", nesterov, (True, False))
-  options.check_adam(who, b1, b2, eps, weight_decay)
+  adam, round_options = _split(who, options)
   outer = optax.sgd(outer_learning_rate, momentum=outer_momentum, nesterov=nesterov)
   return sync.synchronize(
-    local_step.adamw(learning_rate, b1, b2, eps, weight_decay),
+    local_step.adamw(learning_rate, **adam),
     sync_every=sync_every,
     axis_name=axis_name,
     outer_optimizer=outer,
     first_moment_every=None,
     second_moment_every=None,
-    compression=compression,
-    fragments=fragments,
-    fault_tolerant=fault_tolerant,
-    offload=offload,
     name=who,
+    **round_options,
   )

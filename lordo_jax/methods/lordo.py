@@ -18,46 +18,31 @@ from typing import Any
 import optax
 
 from lordo_jax import _checks as checks
+from lordo_jax import _keywords as keywords
 from lordo_jax.methods import local_step
-from lordo_jax.methods import options
+from lordo_jax.methods import options as options_lib
 from lordo_jax.round import _synchronize as sync
 
+INIT_PROJECTIONS = ("gradient", "random")
 
+
+@keywords.takes(
+  options_lib.basics("sync_every", "axis_name", "outer_optimizer"),
+  options_lib.LOW_RANK,
+  options_lib.ROUND,
+  omega=0.7,
+)
 def lordo(
   learning_rate: optax.ScalarOrSchedule,
   *,
   rank: int,
   sync_every: Any,
   axis_name: str | None = None,
-  omega: float = 0.7,
-  mu: float = 1.0,
-  b1: float = 0.9,
-  b2: float = 0.999,
-  eps: float = 1e-8,
-  weight_decay: float = 0.0,
-  projection: str = "svd",
-  side: str = "auto",
-  transport: str = "rotate",
-  error_feedback: bool = False,
-  error_feedback_dtype: Any = "float32",
   init_projection: str = "gradient",
   outer_optimizer: optax.GradientTransformation | None = None,
   sync_moments_every: int | None = None,
-  full_rank_scale: str = "scalar",
-  full_rank_numerator: str = "gradient",
-  qh_nu: float = 1.0,
-  low_rank_term: str = "adam",
-  full_rank_nu: float = 1.0,
-  low_rank_labels: Any = None,
-  subspace_iterations: int | None = None,
   seed: int | None = None,
-  fault_tolerant: bool = False,
-  offload: bool = False,
-  compression: str | None = None,
-  fragments: Any = None,
-  two_sided: bool = False,
-  oversample: int | None = None,
-  power_iterations: int | None = None,
+  **options: Any,
 ) -> optax.GradientTransformationExtraArgs:
   r"""LoRDO: low-rank Adam with infrequent synchronisation and a full-rank QH term.
 
@@ -88,61 +73,11 @@ def lordo(
   Read it with :func:`lordo_jax.communicated_bytes`.
 
   Args:
-    learning_rate: a float or an optax schedule.
-    rank: r, the dimension of each matrix's subspace.
-    sync_every: K, local steps per round; or a function of the step giving each
-      round's length, such as :func:`lordo_jax.quadratic_sync_rule`.
-    axis_name: the worker axis of ``jax.shard_map`` or ``jax.pmap``; ``None`` for
-      one worker.
-    omega: weight of the low-rank term; 1 switches the full-rank term off.
-    mu: rescaling of the full-rank term.
-    b1, b2, eps: Adam's parameters.
-    weight_decay: decoupled weight decay, as in ``optax.adamw``.
-    projection: ``"svd"``, ``"subspace_iteration"``, ``"dct"`` or
-      ``"randomized_svd"``; two-sided: ``"svd"`` or ``"randomized_svd"``.
-    side: ``"auto"``, ``"left"``, ``"right"`` or ``"galore_std"`` (moments on the
-      larger dimension, as the LoRDO authors' GaLore).
-    transport: ``"rotate"``, ``"keep"`` or ``"reset"``.
-    error_feedback: keep and feed back the projection residual (off by default,
-      MATH.md §3 says why).
-    error_feedback_dtype: ``"float32"`` or ``"bfloat16"`` (half the memory). A name,
-      not a dtype object, so that ``optax.inject_hyperparams`` leaves it alone.
+    {options}
     init_projection: ``"gradient"`` (from the averaged first gradient, one counted
       message) or ``"random"`` (from ``seed``, no message).
-    outer_optimizer: applied to the averaged pseudo-gradient; ``None`` is plain
-      averaging.
     sync_moments_every: average the moments every this many syncs (``None``: 1).
-    full_rank_scale: ``"scalar"`` or ``"vector"``.
-    full_rank_numerator: ``"gradient"`` (G) or ``"error_fed"`` (G + E, the LoRDO
-      authors' full-rank term; needs ``error_feedback=True``).
-    qh_nu: QHAdam inside the projection, ``L = Q ((1 - nu) c + nu u_hat) / D``;
-      1 is Adam.
-    low_rank_term: ``"adam"`` (``Q u_hat / D``) or ``"momentum"`` (``Q u_hat``, the
-      update the LoRDO authors' code applies; for replication only).
-    full_rank_nu: QHAdam on the leaves off the low-rank path,
-      ``((1 - nu) g + nu m_hat) / (sqrt(v_hat) + eps)``; 1 is Adam.
-    low_rank_labels: which leaves are low-rank (see :mod:`lordo_jax.local._routing`);
-      ``None``: every 2-D leaf with ``min(p, q) > rank``.
-    subspace_iterations: iterations per refresh with ``"subspace_iteration"``
-      (``None``: 2).
     seed: PRNG seed of ``init_projection="random"`` (``None``: 0).
-    fault_tolerant: skip non-finite local steps and average only over the workers
-      present at a sync (``update(..., worker_present=False)`` marks one absent);
-      see :func:`lordo_jax.synchronize`.
-    compression: ``None``, ``"bfloat16"`` or ``"int8"``: send every message of the
-      round compressed, the pseudo-gradient with error feedback (with ``"int8"``
-      the moments go in bfloat16; :func:`lordo_jax.synchronize`).
-    fragments: ``None`` (default): no streaming; F > 1 streams the round: the
-      parameters sync in F fragments at staggered steps, so the largest message is
-      about 1/F of the model.
-    two_sided: project on both sides (TSR-Adam, :mod:`lordo_jax.local._two_sided_projection`): the
-      moments are ``r x r`` cores, so a sync averages ``r x r`` moments instead of
-      ``r x q``; ``projection`` is then ``"svd"`` or ``"randomized_svd"``.
-    oversample, power_iterations: of the ``randomized_svd`` refresh (``None``: 8
-      extra sketch columns, 1 power iteration).
-    offload: keep the anchor and the outer optimizer's state in host memory
-      (``pinned_host``) between syncs, on the device only inside the sync
-      (:mod:`lordo_jax.round._offload`); results bit-identical to ``offload=False``.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``. Its ``update`` needs params.
@@ -161,23 +96,20 @@ def lordo(
     Communication <https://arxiv.org/abs/2602.04396>`_, ICML 2026.
   """
   who = "lordo"
-  options.check_static(who, locals())
-  step = options.low_rank_step(who, locals())
+  step, local = options_lib.low_rank_step(who, dict(options, rank=rank))
   sync_moments_every = 1 if sync_moments_every is None else sync_moments_every
   checks.positive_int(who, "sync_moments_every", sync_moments_every)
-  checks.one_of(who, "init_projection", init_projection, options.INIT_PROJECTIONS)
-  low_rank, local = local_step.low_rank_adamw(
+  checks.one_of(who, "init_projection", init_projection, INIT_PROJECTIONS)
+  low_rank, local_step_ = local_step.low_rank_adamw(
     step,
+    local,
     learning_rate,
     who=who,
-    full_rank_nu=full_rank_nu,
-    weight_decay=weight_decay,
-    low_rank_labels=low_rank_labels,
     init_projection="random" if init_projection == "random" else "external",
     seed=seed,
   )
   return sync.synchronize(
-    local,
+    local_step_,
     sync_every=sync_every,
     axis_name=axis_name,
     outer_optimizer=outer_optimizer,
@@ -185,39 +117,25 @@ def lordo(
     second_moment_every=sync_moments_every,
     low_rank=low_rank,
     init_projection="gradient" if init_projection == "gradient" else None,
-    fault_tolerant=fault_tolerant,
-    offload=offload,
-    compression=compression,
-    fragments=fragments,
     name=who,
+    **options_lib.round_options(options),
   )
 
 
+@keywords.takes(
+  options_lib.basics("sync_every", "axis_name", "outer_optimizer"),
+  options_lib.LOW_RANK,
+  options_lib.ROUND,
+  omega=0.7,
+)
 def lordo_local_projection(
   learning_rate: optax.ScalarOrSchedule,
   *,
   rank: int,
   sync_every: Any,
   axis_name: str | None = None,
-  omega: float = 0.7,
-  mu: float = 1.0,
-  b1: float = 0.9,
-  b2: float = 0.999,
-  eps: float = 1e-8,
-  weight_decay: float = 0.0,
-  projection: str = "svd",
-  side: str = "auto",
-  transport: str = "rotate",
-  error_feedback: bool = False,
-  error_feedback_dtype: Any = "float32",
   outer_optimizer: optax.GradientTransformation | None = None,
-  full_rank_scale: str = "scalar",
-  low_rank_labels: Any = None,
-  subspace_iterations: int | None = None,
-  compression: str | None = None,
-  fragments: Any = None,
-  fault_tolerant: bool = False,
-  offload: bool = False,
+  **options: Any,
 ) -> optax.GradientTransformationExtraArgs:
   r"""LoRDO ablation: each worker projects with its own gradient; moments stay local.
 
@@ -234,15 +152,7 @@ def lordo_local_projection(
   ``pq`` elements per ``p x q`` leaf per K steps; no first-gradient message.
 
   Args:
-    learning_rate: a float or an optax schedule.
-    rank: r.
-    sync_every: K, or a function of the step (:mod:`lordo_jax.round._periods`).
-    axis_name: the worker axis; ``None`` for one worker.
-    omega, mu, b1, b2, eps, weight_decay, projection, side, transport,
-      error_feedback, error_feedback_dtype, outer_optimizer, full_rank_scale,
-      low_rank_labels, subspace_iterations: as in :func:`lordo`.
-    compression, fragments, fault_tolerant, offload: the round's compressed
-      messages, streaming, fault tolerance and host offload, as in :func:`lordo_jax.lordo`.
+    {options}
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``; its ``update`` needs params.
@@ -261,18 +171,12 @@ def lordo_local_projection(
     projection ablation).
   """
   who = "lordo_local_projection"
-  options.check_static(who, locals())
-  step = options.low_rank_step(who, locals())
-  low_rank, local = local_step.low_rank_adamw(
-    step,
-    learning_rate,
-    who=who,
-    weight_decay=weight_decay,
-    low_rank_labels=low_rank_labels,
-    init_projection="external",
+  step, local = options_lib.low_rank_step(who, dict(options, rank=rank))
+  low_rank, local_step_ = local_step.low_rank_adamw(
+    step, local, learning_rate, who=who, init_projection="external"
   )
   return sync.synchronize(
-    local,
+    local_step_,
     sync_every=sync_every,
     axis_name=axis_name,
     outer_optimizer=outer_optimizer,
@@ -281,14 +185,12 @@ def lordo_local_projection(
     low_rank=low_rank,
     init_projection="gradient",
     projection_source="local_gradient",
-    compression=compression,
-    fragments=fragments,
-    fault_tolerant=fault_tolerant,
-    offload=offload,
     name=who,
+    **options_lib.round_options(options),
   )
 
 
+@keywords.like(lordo, without=("omega",))
 def lordo_global_projection_only(
   learning_rate: optax.ScalarOrSchedule,
   *,

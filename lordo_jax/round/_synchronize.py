@@ -8,6 +8,7 @@ Every collective goes through :mod:`lordo_jax.comm._collectives`, inside the rou
 ``lax.cond``, so nothing is sent or computed for the round on other steps.
 """
 
+import dataclasses
 import functools
 from typing import Any
 from typing import NamedTuple
@@ -17,6 +18,7 @@ import jax.numpy as jnp
 import optax
 
 from lordo_jax import _checks as checks
+from lordo_jax import _keywords as keywords
 from lordo_jax import _tree_structure as state_structure
 from lordo_jax.comm import _collectives as collectives
 from lordo_jax.comm import _compression as compression_lib
@@ -32,6 +34,65 @@ from lordo_jax.round import _schedule as round_schedule
 from lordo_jax.round._faults import FaultCounts
 
 PROJECTION_SOURCES = basis_refresh.SOURCES
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundBasics:
+  """What every round is given: its length, its workers and its outer step
+  (:mod:`lordo_jax._keywords`; the methods declare these themselves)."""
+
+  sync_every: Any = keywords.option(
+    "K, local steps per round; or a function of the step giving each round's length "
+    "(:mod:`lordo_jax.round._periods`, e.g. :func:`lordo_jax.quadratic_sync_rule`)."
+  )
+  axis_name: str | None = keywords.option(
+    "the worker axis (``jax.shard_map`` mesh axis or ``jax.pmap`` axis name); ``None`` "
+    "for a single worker, where every collective is the identity.",
+    None,
+  )
+  outer_optimizer: Any = keywords.option(
+    "the optax transformation applied to the averaged pseudo-gradient, with the anchor "
+    "as params. ``None`` is plain averaging (``optax.sgd(1.0)``); DiLoCo uses "
+    "``optax.sgd(0.7, momentum=0.9, nesterov=True)``.",
+    None,
+  )
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundOptions:
+  """How a round communicates: the options every method built on :func:`synchronize`
+  shares (:mod:`lordo_jax._keywords`)."""
+
+  compression: str | None = keywords.option(
+    '``None`` (messages in the dtype of what is sent), ``"bfloat16"`` or ``"int8"`` '
+    "(per-row scales): every message of the round sent compressed, the "
+    'pseudo-gradient with error feedback; with ``"int8"`` the moments go in bfloat16.',
+    None,
+  )
+  fragments: Any = keywords.option(
+    "F, the number of fragments synced at staggered steps (streaming, as in Streaming "
+    "DiLoCo), at most K, so that the largest message is about 1/F of the model; or a "
+    "function of the params returning a tree of fragment indices "
+    "(:func:`lordo_jax.round._periods.fragment_labels`). ``None`` or 1: no streaming.",
+    None,
+  )
+  fault_tolerant: bool = keywords.option(
+    "skip non-finite local steps and average only over the workers present at a sync "
+    "(``update(..., worker_present=False)`` marks one absent; "
+    ":func:`lordo_jax.synchronize`).",
+    False,
+  )
+  offload: bool = keywords.option(
+    "keep the anchor, the outer optimizer's state and the compression residual in host "
+    "memory (``pinned_host``) between syncs, on the device only inside the sync "
+    "(:mod:`lordo_jax.round._offload`); bit-identical results. Needs ``jit`` or "
+    "``shard_map`` (``pmap`` keeps every output on the device).",
+    False,
+  )
+
+
+BASIC_KEYWORDS = keywords.of(RoundBasics)
+ROUND_KEYWORDS = keywords.of(RoundOptions)
 
 
 class SynchronizeState(NamedTuple):
@@ -114,6 +175,7 @@ def _check_choices(name, projection_source, init_projection, offload):
   checks.one_of(name, "offload", offload, (False, True))
 
 
+@keywords.takes(BASIC_KEYWORDS, ROUND_KEYWORDS)
 def synchronize(
   inner: optax.GradientTransformation,
   *,
@@ -125,11 +187,8 @@ def synchronize(
   low_rank: low_rank_lib.LowRankAdam | None = None,
   init_projection: str | None = "gradient",
   projection_source: str = "pseudo_gradient",
-  fault_tolerant: bool = False,
-  compression: str | None = None,
-  fragments: Any = None,
-  offload: bool = False,
   name: str = "synchronize",
+  **options: Any,
 ) -> optax.GradientTransformationExtraArgs:
   r"""Local steps with ``inner``, a synchronisation at the end of every round.
 
@@ -192,14 +251,7 @@ def synchronize(
       included). Its Adam-like states (``optax.ScaleByAdamState`` and
       :class:`~lordo_jax.local._low_rank_adam.LowRankAdamState`) are what gets averaged. It
       must not communicate: a sync step runs it twice (see ``_sync_fragment``).
-    sync_every: K, steps per round; or a function of the step giving each round's
-      length (:mod:`lordo_jax.round._periods`, e.g. :func:`lordo_jax.quadratic_sync_rule`).
-    axis_name: the worker axis (``shard_map`` mesh axis or ``pmap`` axis name);
-      ``None`` for a single worker, where every collective is the identity.
-    outer_optimizer: the optax transformation applied to the averaged
-      pseudo-gradient, with the anchor as params. ``None`` is plain averaging
-      (``optax.sgd(1.0)``); DiLoCo uses ``optax.sgd(0.7, momentum=0.9,
-      nesterov=True)``.
+    {options}
     first_moment_every: average the first moments every this many syncs (``None``:
       never).
     second_moment_every: the same for the second moments.
@@ -212,19 +264,6 @@ def synchronize(
       all workers) or ``"local_gradient"`` (each worker's own gradient of the sync
       step, no message; the bases then differ between workers, so moments should
       not be averaged).
-    fault_tolerant: leave failed or absent workers out of the averages (see above).
-    compression: ``None`` (messages in the dtype of what is sent), ``"bfloat16"`` or
-      ``"int8"`` (per-row scales), with error feedback of the pseudo-gradient; with
-      ``"int8"`` the moments go in bfloat16.
-    fragments: F, the number of fragments synced at staggered steps (streaming),
-      at most K; or a function of the params returning a tree of fragment indices
-      (:func:`lordo_jax.round._periods.fragment_labels`). ``None`` (default) or 1: no
-      streaming. A Python value, fixed when the optimizer is built (inside
-      ``optax.inject_hyperparams``, list it in ``static_args``).
-    offload: keep the anchor, the outer optimizer's state and the compression
-      residual in host memory (``pinned_host``) between syncs, moved to the device
-      only inside the sync branch (:mod:`lordo_jax.round._offload`); bit-identical results.
-      Needs ``jit`` or ``shard_map`` (``pmap`` keeps every output on the device).
     name: how errors name this transformation.
 
   Returns:
@@ -243,11 +282,13 @@ def synchronize(
     (arXiv 2505.22549); Jovanović et al., LoRDO, 2026 (arXiv 2602.04396); Douillard
     et al., Streaming DiLoCo, 2025 (arXiv 2501.18512).
   """
+  r = keywords.build(RoundOptions, options)
+  compression, fault_tolerant = r.compression, r.fault_tolerant
   moment_periods = (first_moment_every, second_moment_every)
   fragments = _check_options(
-    name, sync_every, fragments, compression, fault_tolerant, moment_periods
+    name, sync_every, r.fragments, compression, fault_tolerant, moment_periods
   )
-  _check_choices(name, projection_source, init_projection, offload)
+  _check_choices(name, projection_source, init_projection, r.offload)
   averaging = averaging_lib.choose(
     axis_name, fault_tolerant=fault_tolerant, compression=compression
   )
@@ -262,7 +303,7 @@ def synchronize(
       low_rank, init_projection, projection_source, averaging.mean
     ),
     axis_name=axis_name,
-    offload=bool(offload),
+    offload=bool(r.offload),
     name=name,
     fault_tolerant=fault_tolerant,
   )

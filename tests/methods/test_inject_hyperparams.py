@@ -15,22 +15,23 @@ import lordo_jax
 
 PARAMS = {"w": jax.random.normal(jax.random.key(0), (16, 8)), "b": jnp.zeros(8)}
 ADAM = {"learning_rate", "b1", "b2", "eps", "weight_decay"}
+LOW_RANK = ADAM | {"omega", "mu", "qh_nu", "full_rank_nu"}  # The low-rank step's too.
 # factory, the integers a user passes, the hyperparameters that become injectable.
 CASES = {
   "lordo": (
     lordo_jax.lordo,
     dict(rank=2, sync_every=2),
-    ADAM | {"omega", "mu", "qh_nu", "full_rank_nu"},
+    LOW_RANK,
   ),
   "lordo_local_projection": (
     lordo_jax.lordo_local_projection,
     dict(rank=2, sync_every=2),
-    ADAM | {"omega", "mu"},
+    LOW_RANK,
   ),
   "low_rank_ddp": (
     lordo_jax.low_rank_ddp,
     dict(rank=2, refresh_every=3),
-    ADAM | {"omega", "mu", "qh_nu", "full_rank_nu"},
+    LOW_RANK,
   ),
   "ddp": (lordo_jax.ddp, {}, ADAM),
   "diloco": (

@@ -94,3 +94,45 @@ def test_the_enumeration_covers_the_string_options_users_mistype():
   ]:
     assert pair in found, pair
   assert ("scale_by_low_rank_adam", "omega") in set(_numeric_options())
+
+
+@pytest.mark.parametrize("factory", sorted(REQUIRED))
+def test_every_keyword_of_the_signature_has_its_args_entry(factory):
+  """The shared keywords' Args text is written once and lands in every docstring."""
+  function = getattr(lordo_jax, factory)
+  doc = inspect.getdoc(function)
+  args = doc[doc.index("Args:") : doc.index("Returns:")]
+  if "any other keyword argument of :func:`lordo`" in args:
+    args += inspect.getdoc(lordo_jax.lordo)
+  for name in inspect.signature(function).parameters:
+    assert f"\n  {name}:" in args or f", {name}" in args or f"{name}, " in args, name
+  assert "{options}" not in doc
+
+
+def test_an_unknown_keyword_is_a_type_error_naming_the_closest():
+  with pytest.raises(
+    TypeError,
+    match=r"lordo\(\) got an unexpected keyword argument "
+    r"'omgea'\. Did you mean 'omega'\?",
+  ):
+    lordo_jax.lordo(1e-2, rank=2, sync_every=2, omgea=0.5)
+  with pytest.raises(TypeError, match=r"ddp\(\): too many positional arguments"):
+    lordo_jax.ddp(1e-2, "axis")
+
+
+@pytest.mark.parametrize(
+  "factory", ["lordo", "lordo_local_projection", "low_rank_ddp", "scale_by_low_rank_adam"]
+)
+def test_the_low_rank_step_takes_the_same_keywords_with_the_same_text(factory):
+  """One list of the step's options: every low-rank factory has them all, the same."""
+  step = inspect.signature(lordo_jax.scale_by_low_rank_adam).parameters
+  own = inspect.signature(getattr(lordo_jax, factory)).parameters
+  shared = [k.name for k in lordo_jax.local._low_rank_adam.STEP_KEYWORDS]
+  assert set(shared) <= set(own) and set(shared) <= set(step)
+  overridden = {
+    "lordo": {"omega"},
+    "lordo_local_projection": {"omega"},
+    "low_rank_ddp": {"transport"},
+  }.get(factory, set())
+  for name in set(shared) - overridden - {"rank"}:
+    assert own[name].default == step[name].default, name
