@@ -431,8 +431,10 @@ def _transported(c: _Config, s, m: LowRankMoments, basis, ok, count, first) -> L
 
 
 def _refresh(c: _Config, state, source, *, first=False, mean=lambda xs: xs) -> LowRankAdamState:
-  """:attr:`LowRankAdam.refresh`: new bases from ``source`` (its workers' ``mean``)."""
-  moments = state.moments
+  """:attr:`LowRankAdam.refresh`: new bases from ``source`` (its workers' ``mean``); a
+  matrix whose ``source`` leaf is ``optax.MaskedNode`` keeps its basis and moments."""
+  masked = lambda x: isinstance(x, optax.MaskedNode)  # noqa: E731
+  moments = map_matrices(lambda m, x: optax.MaskedNode() if masked(x) else m, state.moments, source)
   source = map_matrices(lambda m, x: x, moments, source)
   leaves = _listed(moments, source)
   axes = _listed(moments, _axes_of(c, source))
@@ -451,8 +453,11 @@ def _refresh(c: _Config, state, source, *, first=False, mean=lambda xs: xs) -> L
     for s, m, (basis, ok) in zip(strategies, entries, results, strict=True)
   ]
   failures = sum((~ok).astype(jnp.int32) for _, ok in results)
+  refreshed = _unlisted(moments, new)
+  kept = lambda old, x: old if masked(x) else x  # noqa: E731
   return state._replace(
-    moments=_unlisted(moments, new), refresh_failures=state.refresh_failures + failures
+    moments=jax.tree.map(kept, state.moments, refreshed, is_leaf=_is_node),
+    refresh_failures=state.refresh_failures + failures,
   )
 
 

@@ -73,9 +73,9 @@ class BasisRefresh:
     matrices = moment_trees.low_rank_leaves(inner_state, grads)
     if self.source == "pseudo_gradient":
       matrices, _, ledger = self.mean(matrices, present, ledger)
-    return moment_trees.refresh_projections(
-      inner_state, self.low_rank, matrices, first=True
-    ), ledger
+    state = moment_trees.low_rank_state(inner_state)
+    refreshed = self.low_rank.refresh(state, matrices, first=True)
+    return moment_trees.with_low_rank_state(inner_state, refreshed), ledger
 
   def at_sync(self, inner_state: Any, delta, grads, fragment, fraction):
     r"""The bases of the leaves in ``fragment`` recomputed from this sync's source.
@@ -92,9 +92,9 @@ class BasisRefresh:
     """
     if self.low_rank is None:
       return inner_state
-    source = delta if self.source == "pseudo_gradient" else moment_trees.select(grads, fragment)
-    matrices = moment_trees.low_rank_leaves(inner_state, source)
-    refreshed = moment_trees.refresh_projections(
-      inner_state, self.low_rank, matrices, fragment=fragment
-    )
+    source = delta if self.source == "pseudo_gradient" else grads
+    state = moment_trees.low_rank_state(inner_state)
+    # The matrices outside the fragment are masked: they keep their bases and moments.
+    refreshed = self.low_rank.refresh(state, moment_trees.select(source, fragment))
+    refreshed = moment_trees.with_low_rank_state(inner_state, refreshed)
     return averaging.unless_empty(fraction, refreshed, inner_state)

@@ -73,27 +73,13 @@ def with_moments(inner_state: Any, field: str, moments: Any) -> Any:
   return jax.tree.map(put, inner_state, moments, is_leaf=_is_moment_node)
 
 
-def refresh_projections(inner_state, low_rank, source, *, first=False, fragment=None):
-  """``low_rank.refresh`` on every low-rank Adam node, for the matrices in ``fragment``.
-
-  The other matrices keep their bases and moments, and cost nothing.
-  """
-
-  def one(node):
-    if not isinstance(node, low_rank_lib.LowRankAdamState):
-      return node
-    part = node._replace(moments=select(node.moments, fragment))
-    refreshed = low_rank.refresh(part, select(source, fragment), first=first)
-    return refreshed._replace(moments=merge(node.moments, refreshed.moments))
-
-  is_node = lambda x: isinstance(x, low_rank_lib.LowRankAdamState)  # noqa: E731
-  return jax.tree.map(one, inner_state, is_leaf=is_node)
+def _is_low_rank(x) -> bool:
+  return isinstance(x, low_rank_lib.LowRankAdamState)
 
 
-def low_rank_leaves(inner_state, tree):
-  """``tree`` with every leaf that is not a low-rank matrix replaced by MaskedNode."""
-  is_node = lambda x: isinstance(x, low_rank_lib.LowRankAdamState)  # noqa: E731
-  nodes = [n.moments for n in jax.tree.leaves(inner_state, is_leaf=is_node) if is_node(n)]
+def low_rank_state(inner_state: Any) -> low_rank_lib.LowRankAdamState | None:
+  """The one low-rank Adam state inside ``inner_state`` (``None``: there is none)."""
+  nodes = [n for n in jax.tree.leaves(inner_state, is_leaf=_is_low_rank) if _is_low_rank(n)]
   if not nodes:
     return None
   if len(nodes) > 1:
@@ -102,4 +88,17 @@ def low_rank_leaves(inner_state, tree):
       "optimizer; use one low-rank transformation (route leaves with "
       "optax.partition)."
     )
-  return low_rank_lib.map_matrices(lambda m, x: x, nodes[0], tree)
+  return nodes[0]
+
+
+def with_low_rank_state(inner_state: Any, new: low_rank_lib.LowRankAdamState) -> Any:
+  """``inner_state`` with its low-rank Adam state replaced by ``new``."""
+  return jax.tree.map(lambda n: new if _is_low_rank(n) else n, inner_state, is_leaf=_is_low_rank)
+
+
+def low_rank_leaves(inner_state, tree):
+  """``tree`` with every leaf that is not a low-rank matrix replaced by MaskedNode."""
+  node = low_rank_state(inner_state)
+  if node is None:
+    return None
+  return low_rank_lib.map_matrices(lambda m, x: x, node.moments, tree)

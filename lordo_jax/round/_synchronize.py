@@ -338,15 +338,13 @@ def _update(parts: _Round, grads, state, params=None, *, worker_present=True, **
   masks = round_schedule.fragment_masks(params, parts.fragments)
   predicates = round_schedule.sync_predicates(parts.sync_every, len(masks), count, state.next_sync)
   new_state = state._replace(count=count, inner_state=inner_state, faults=faults)
-  sync = functools.partial(_sync_fragment, parts, grads=grads, params=params, present=present)
   # The branch recomputes the local step (see _sync_fragment): an update carried
   # through a conditional is materialised and cannot fuse with apply_updates.
+  sync = functools.partial(
+    _sync_fragment, parts, grads=grads, params=params, local_step=local_step, present=present
+  )
   new_state, anchor = _end_rounds(
-    parts.offload,
-    lambda f, fragment, s: sync(f, fragment, s, local_updates=local_step()[0]),
-    zip(masks, predicates, strict=True),
-    new_state,
-    params,
+    parts.offload, sync, zip(masks, predicates, strict=True), new_state, params
   )
   # 6. Synchronised leaves land on the anchor, the others take their local step.
   updates = jax.tree.map(
@@ -416,15 +414,15 @@ def _sync_offloaded(sync_now, state):
   return _placed(state, offload_lib.to_host), state.anchor
 
 
-def _sync_fragment(parts: _Round, f, fragment, state, *, grads, params, local_updates, present):
+def _sync_fragment(parts: _Round, f, fragment, state, *, grads, params, local_step, present):
   """Steps 1-5 of the round for the leaves in ``fragment`` (fragment ``f``): the new
   state, whose anchor holds the synchronised parameters of those leaves.
 
-  ``local_updates`` are recomputed inside the sync branch rather than taken as an
-  operand: a conditional's operands are materialised buffers, so carrying the update
-  through it made every local step write it out and read it back, and kept
-  ``optax.apply_updates`` from fusing with the step (a third of a local step on a
-  768 x 3072 matrix on CPU, ``benchmarks/step_speed.py``). Hence the inner optimizer
+  The local updates are recomputed inside the sync branch (``local_step()``) rather
+  than taken as an operand: a conditional's operands are materialised buffers, so
+  carrying the update through it made every local step write it out and read it back,
+  and kept ``optax.apply_updates`` from fusing with the step (a third of a local step
+  on a 768 x 3072 matrix on CPU, ``benchmarks/step_speed.py``). Hence the inner optimizer
   must not communicate: a sync step runs it twice.
 
   Args:
@@ -434,11 +432,11 @@ def _sync_fragment(parts: _Round, f, fragment, state, *, grads, params, local_up
     state: the state after this step's local step (its count advanced).
     grads: this step's gradient.
     params: the parameters before this step.
-    local_updates: the updates of this step's local step.
+    local_step: ``() -> (updates, ...)``, this step's local step.
     present: whether this worker counts in the averages (fault tolerance).
   """
   averaging = parts.averaging
-  local_params = optax.apply_updates(params, local_updates)
+  local_params = optax.apply_updates(params, local_step()[0])
   delta = outer_lib.pseudo_gradient(state.anchor, local_params, fragment)  # 1.
   present = averaging.admit(present, delta)
   delta, fraction, ledger, residual = averaging.pseudo_gradient_mean(  # 2.

@@ -160,3 +160,44 @@ def test_the_local_step_imports_nothing_that_communicates(module):
   graph = _import_graph()
   assert module in graph, module
   assert not reachable(graph, module) & COMMUNICATING
+
+
+def _route_to_the_svd(monkeypatch) -> list[str]:
+  """The package's functions on the stack from ``synchronize``'s ``_update`` to the SVD
+  of a basis refresh at a sync of ``lordo``, outermost first."""
+  import inspect
+
+  import jax
+  import jax.numpy as jnp
+
+  import lordo_jax
+  from lordo_jax.local.bases import svd
+
+  routes, top = [], svd.top_singular_vectors
+
+  def recorded(*args, **kwargs):
+    # A comprehension is a frame on Python 3.11 (not 3.12, PEP 709), not a call.
+    frames = [f for f in inspect.stack() if str(PACKAGE) in f.filename][::-1]
+    frames = [f for f in frames if not f.function.startswith("<")]
+    routes.append([f"{pathlib.Path(f.filename).stem}.{f.function}" for f in frames])
+    return top(*args, **kwargs)
+
+  monkeypatch.setattr(svd, "top_singular_vectors", recorded)
+  tx = lordo_jax.lordo(1e-2, rank=2, sync_every=1, init_projection="random")
+  params = {"w": jnp.ones((8, 4))}
+  jax.eval_shape(tx.update, params, tx.init(params), params)
+  (route,) = routes
+  return route[[i for i, name in enumerate(route) if name == "_synchronize._update"][0] :]
+
+
+def test_a_refresh_at_a_sync_reaches_the_projection_method_in_at_most_6_calls(monkeypatch):
+  route = _route_to_the_svd(monkeypatch)
+  assert route == [
+    "_synchronize._update",
+    "_synchronize._end_rounds",
+    "_synchronize._sync_fragment",
+    "_basis_refresh.at_sync",
+    "_low_rank_adam._refresh",
+    "strategy.bases_of_mean",
+    "svd.compute_fn",
+  ]  # 6 calls from synchronize's update to the SVD method's compute

@@ -1,7 +1,7 @@
 """What every basis strategy shares (``lordo_jax/local/bases/strategy.py``, ``one_sided.py``).
 
 Canonical signs against NumPy; ``checked`` (one ``ok`` for a whole basis, the previous
-one kept where it is false); ``new_basis``'s choice between ``first`` and ``compute``
+one kept where it is false); ``compute_of``'s choice between ``first`` and ``compute``
 for Python and traced booleans; ``bases_of_mean`` with the identity and with a mean
 over simulated workers; the one-sided side rule and random bases. Tolerances: float32
 bases against NumPy's float64 SVD of gapped matrices to ``atol=1e-5``.
@@ -69,7 +69,7 @@ def test_one_non_finite_entry_in_any_leaf_keeps_the_whole_previous_basis(leaf, b
     np.testing.assert_array_equal(kept.right, previous.right)
 
 
-# --- new_basis: first or compute
+# --- compute_of: first or compute
 
 
 def marked(value):
@@ -84,16 +84,16 @@ def fake_strategy(with_first):
 
 @pytest.mark.parametrize("with_first", [True, False])
 @pytest.mark.parametrize("first", [True, False])
-def test_new_basis_runs_first_only_for_a_first_refresh_of_a_strategy_that_has_one(
+def test_compute_of_runs_first_only_for_a_first_refresh_of_a_strategy_that_has_one(
   with_first, first
 ):
   s = fake_strategy(with_first)
   previous, x = jnp.zeros((6, RANK)), jnp.ones((6, 3))
   want = 2.0 if (first and with_first) else 1.0
-  basis, ok = strategy_lib.new_basis(s, x, previous, None, first)
+  basis, ok = strategy_lib.compute_of(s, first)(x, previous, None)
   assert bool(ok)
   np.testing.assert_array_equal(basis, np.full((6, RANK), want))
-  traced = jax.jit(lambda f: strategy_lib.new_basis(s, x, previous, None, f)[0])
+  traced = jax.jit(lambda f: strategy_lib.compute_of(s, f)(x, previous, None)[0])
   np.testing.assert_array_equal(traced(jnp.bool_(first)), np.full((6, RANK), want))
 
 
@@ -102,7 +102,7 @@ def test_a_traced_first_picks_the_exact_svd_of_subspace_iteration():
   s = m.strategy(14, 6)
   x = jnp.asarray(ref.separated(14, 6, RANK, seed=1, top=(10.0, 8.0), tail=(6.0, 0.1)))
   previous = s.init(jax.random.key(2))
-  refresh = jax.jit(lambda f: strategy_lib.new_basis(s, x, previous, None, f)[0])
+  refresh = jax.jit(lambda f: strategy_lib.compute_of(s, f)(x, previous, None)[0])
   exact = ref.top_left(x, RANK)
   np.testing.assert_allclose(refresh(jnp.bool_(True)), exact, atol=1e-5)
   iterated, _ = s.compute(x, previous, None)

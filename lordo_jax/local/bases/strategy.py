@@ -149,14 +149,15 @@ def checked(basis: Any, previous: Any) -> tuple[Any, jax.Array]:
   return jax.tree.map(kept, basis, previous), ok
 
 
-def new_basis(strategy: BasisStrategy, matrix, previous, key, first) -> tuple[Any, jax.Array]:
-  """``(basis, ok)`` of one refresh; ``first`` (bool, or a traced bool) picks ``exact``."""
+def compute_of(strategy: BasisStrategy, first) -> Callable:
+  """The ``compute`` of one refresh: ``exact`` for a run's first basis (``first`` a
+  bool, or a traced bool that picks it in a ``lax.cond``), else ``compute``."""
   exact = strategy.exact or strategy.compute
   if first is True:
-    return exact(matrix, previous, key)
+    return exact
   if first is False or strategy.exact is None:
-    return strategy.compute(matrix, previous, key)
-  return jax.lax.cond(
+    return strategy.compute
+  return lambda matrix, previous, key: jax.lax.cond(
     first, lambda: exact(matrix, previous, key), lambda: strategy.compute(matrix, previous, key)
   )
 
@@ -169,6 +170,6 @@ def bases_of_mean(strategies, matrices, previous, keys, first, mean: Mean) -> li
   """
   averaged = mean(matrices)
   return [
-    new_basis(s, x, p, k, first)
+    compute_of(s, first)(x, p, k)
     for s, x, p, k in zip(strategies, averaged, previous, keys, strict=True)
   ]
