@@ -85,7 +85,7 @@ import jax.numpy as jnp
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 import communication_table  # noqa: E402
-import studies  # noqa: E402
+from harness import studies  # noqa: E402
 
 import lordo_jax  # noqa: E402
 

@@ -147,9 +147,10 @@ def methods(rank, sync_every, refresh_every, labels):
 
 
 def _is_counter(path) -> bool:
-  """A step counter or a ledger field: what decides and records the all-reduces."""
+  """A step counter, a round's sync counters or a ledger field: what decides and records
+  the all-reduces (DES-LOC's moments are due by the count of syncs)."""
   names = [getattr(key, "name", None) for key in path]
-  return "ledger" in names or names[-1] == "count"
+  return "ledger" in names or names[-1] in ("count", "syncs", "next_sync")
 
 
 def _with_ledgers(treedef, counters, positions, size):

@@ -24,11 +24,11 @@ import json  # noqa: E402
 import pathlib  # noqa: E402
 import statistics  # noqa: E402
 
-import lm_runs  # noqa: E402
 import quality  # noqa: E402
-import quality_report  # noqa: E402
-import quality_summary  # noqa: E402
-from variants import Variant  # noqa: E402
+from harness import lm_runs  # noqa: E402
+from harness import quality_report  # noqa: E402
+from harness import quality_summary  # noqa: E402
+from harness.variants import Variant  # noqa: E402
 
 LOSS_GAP = 0.02
 BYTE_RATIO = 40.0

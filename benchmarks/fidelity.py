@@ -25,12 +25,12 @@ import time  # noqa: E402
 from typing import Any  # noqa: E402
 from typing import NamedTuple  # noqa: E402
 
-import lm_runs  # noqa: E402
 import quality  # noqa: E402
-import quality_report  # noqa: E402
-import studies  # noqa: E402
-import variants  # noqa: E402
-from variants import Variant  # noqa: E402
+from harness import lm_runs  # noqa: E402
+from harness import quality_report  # noqa: E402
+from harness import studies  # noqa: E402
+from harness import variants  # noqa: E402
+from harness.variants import Variant  # noqa: E402
 
 
 class Change(NamedTuple):

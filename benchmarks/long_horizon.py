@@ -37,11 +37,11 @@ import pathlib  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
 
-import lm_runs  # noqa: E402
 import quality  # noqa: E402
-import quality_report  # noqa: E402
-import studies  # noqa: E402
-import variants  # noqa: E402
+from harness import lm_runs  # noqa: E402
+from harness import quality_report  # noqa: E402
+from harness import studies  # noqa: E402
+from harness import variants  # noqa: E402
 
 # Trained group by group, each at every horizon: claim (a)'s pair first, then the rows
 # of claims (b) and (c) with DDP, then claim (d) (its variants are in by then), then the

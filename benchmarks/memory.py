@@ -36,7 +36,7 @@ import time
 
 import communication_table as table
 import jax
-import studies
+from harness import studies
 
 import lordo_jax
 

@@ -32,7 +32,7 @@ import subprocess
 import sys
 import time
 
-import studies
+from harness import studies
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 NAME = "paper_protocol"

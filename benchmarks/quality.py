@@ -30,8 +30,8 @@ import math  # noqa: E402
 import pathlib  # noqa: E402
 import time  # noqa: E402
 
-import lm_runs  # noqa: E402
-import variants  # noqa: E402
+from harness import lm_runs  # noqa: E402
+from harness import variants  # noqa: E402
 
 RESULTS = lm_runs.ROOT / "benchmarks" / "results"
 QUICK_RESULTS = lm_runs.ROOT / "runs" / "benchmarks_quick"
@@ -157,8 +157,8 @@ def main(argv=None) -> int:
   cache = args.cache or out / "runs"
   lm_runs.simulate_devices()
 
-  import quality_report
-  import quality_summary
+  from harness import quality_report
+  from harness import quality_summary
 
   start = time.perf_counter()
   runs = run_study(study, cache, fresh=args.fresh)

@@ -29,12 +29,12 @@ import time  # noqa: E402
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-import lm_runs  # noqa: E402
 import numpy as np  # noqa: E402
 import quality  # noqa: E402
-import quality_report  # noqa: E402
-import studies  # noqa: E402
-from variants import Variant  # noqa: E402
+from harness import lm_runs  # noqa: E402
+from harness import quality_report  # noqa: E402
+from harness import studies  # noqa: E402
+from harness.variants import Variant  # noqa: E402
 
 from lordo_jax.local import bases  # noqa: E402
 

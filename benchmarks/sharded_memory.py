@@ -23,7 +23,7 @@ import communication_table as table
 import jax
 import jax.numpy as jnp
 import numpy as np
-import studies
+from harness import studies
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 

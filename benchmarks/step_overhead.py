@@ -46,10 +46,10 @@ import jax  # noqa: E402
 DEVICES = 8
 jax.config.update("jax_num_cpu_devices", DEVICES)
 
-import studies  # noqa: E402
+from harness import studies  # noqa: E402
+from harness.studies import Timed  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
-from studies import Timed  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "examples"))
 

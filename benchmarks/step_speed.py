@@ -70,8 +70,8 @@ from collections.abc import Callable  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import optax  # noqa: E402
-import studies  # noqa: E402
-from studies import Timed  # noqa: E402
+from harness import studies  # noqa: E402
+from harness.studies import Timed  # noqa: E402
 
 import lordo_jax  # noqa: E402
 

@@ -16,11 +16,11 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import fidelity  # noqa: E402
-import lm_runs  # noqa: E402
 import long_horizon  # noqa: E402
 import paper_protocol  # noqa: E402
 import quality  # noqa: E402
-import variants  # noqa: E402
+from harness import lm_runs  # noqa: E402
+from harness import variants  # noqa: E402
 
 STUDY = quality.FULL
 

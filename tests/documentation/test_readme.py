@@ -1,39 +1,30 @@
 """The README tells the truth: its example runs, its commands are what CI runs."""
 
-import pathlib
 import re
-import subprocess
-import sys
 
 import pytest
+from readme_examples import README
+from readme_examples import ROOT
+from readme_examples import python_blocks
+from readme_examples import run
+from readme_examples import section
 
 # Its offload example keeps state in host memory: without the compilation cache
 # (tests/conftest.py).
 pytestmark = pytest.mark.no_compilation_cache
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-README = (ROOT / "README.md").read_text()
-
-
-def _run(code: str) -> str:
-  result = subprocess.run(
-    [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT
-  )
-  assert result.returncode == 0, result.stderr[-2000:]
-  return result.stdout
-
 
 def test_the_first_example_is_nnx_optimizer_on_one_worker_and_learns():
-  code = re.findall(r"```python\n(.*?)```", README, re.S)[0]
+  code = python_blocks()[0]
   assert "nnx.Optimizer(model, lordo_jax.lordo(" in code
-  losses = [float(x) for x in re.findall(r"step \d+: loss ([0-9.]+)", _run(code))]
+  losses = [float(x) for x in re.findall(r"step \d+: loss ([0-9.]+)", run(code))]
   assert len(losses) == 2 and losses[1] < 0.7 * losses[0]
 
 
 def test_nnx_shard_map_example_runs_and_learns():
-  code = re.findall(r"```python\n(.*?)```", README, re.S)[1]
+  code = python_blocks()[1]
   assert "nnx.Optimizer(model, tx" in code
-  output = _run(code)
+  output = run(code)
   losses = [float(x) for x in re.findall(r"loss ([0-9.]+)", output)]
   sent = [int(x.replace(",", "")) for x in re.findall(r"sent ([0-9,]+) bytes", output)]
   assert len(losses) == 5 and losses[-1] < 0.7 * losses[0]
@@ -45,9 +36,8 @@ def test_nnx_shard_map_example_runs_and_learns():
 
 
 def test_sharded_models_example_runs_on_four_workers_times_two_way_fsdp():
-  section = README.split("\n## Sharded models", 1)[1].split("\n## ", 1)[0]
-  code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
-  output = _run(code)
+  code = python_blocks(section("Sharded models"))[0]
+  output = run(code)
   pattern = r"sharded run: loss ([0-9.]+) -> ([0-9.]+), up sharded as (.*), sent ([0-9,]+) bytes"
   line = re.search(pattern, output)
   assert float(line.group(2)) < 0.8 * float(line.group(1)), output
@@ -59,9 +49,8 @@ def test_sharded_models_example_runs_on_four_workers_times_two_way_fsdp():
 
 
 def test_offload_example_continues_the_sharded_one():
-  section = README.split("\n## Sharded models", 1)[1].split("\n## ", 1)[0]
-  sharded, offload = re.findall(r"```python\n(.*?)```", section, re.S)[:2]
-  kind, sizes = _run(sharded + offload).strip().splitlines()[-2:]
+  sharded, offload = python_blocks(section("Sharded models"))[:2]
+  kind, sizes = run(sharded + offload).strip().splitlines()[-2:]
   assert kind == "pinned_host"
   sizes = eval(sizes)  # noqa: S307 - the dict state_bytes printed
   anchor = 4 * 2 * 32 * 64 * 4  # four workers' anchors of the two matrices, float32
@@ -76,6 +65,6 @@ def test_ci_runs_the_readme_test_command():
 def test_every_public_name_is_in_the_api_table():
   import lordo_jax
 
-  table = README.split("\n## Public API\n", 1)[1].split("\n## ", 1)[0]
+  table = section("Public API\n")
   missing = [name for name in lordo_jax.__all__ if f"`{name}" not in table]
   assert not missing, f"not in the README's Public API table: {missing}"

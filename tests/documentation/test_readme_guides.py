@@ -5,31 +5,21 @@ each carry one complete program; each runs in its own interpreter (the second se
 up its own simulated devices) and must print what the text around it promises.
 """
 
-import pathlib
 import re
-import subprocess
-import sys
 
 import pytest
-
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-README = (ROOT / "README.md").read_text()
+from readme_examples import README
+from readme_examples import ROOT
+from readme_examples import python_blocks
+from readme_examples import run
+from readme_examples import section
 
 pytestmark = pytest.mark.timeout(180, method="thread")
 
 
 def section_code(title: str) -> str:
   """The first Python block of the README section ``## title``."""
-  body = README.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
-  return re.search(r"```python\n(.*?)```", body, re.S).group(1)
-
-
-def run(code: str) -> str:
-  result = subprocess.run(
-    [sys.executable, "-c", code], capture_output=True, text=True, timeout=150, cwd=ROOT
-  )
-  assert result.returncode == 0, result.stderr[-3000:]
-  return result.stdout
+  return python_blocks(section(f"{title}\n"))[0]
 
 
 def test_checkpoint_example_resumes_bit_identically():
@@ -53,7 +43,7 @@ def test_bfloat16_example_keeps_params_bf16_and_bases_f32():
 
 
 def test_multi_host_section_names_the_launcher_and_its_options():
-  body = README.split("\n## Multi-host: GPU clusters and TPU pods\n", 1)[1].split("\n## ", 1)[0]
+  body = section("Multi-host: GPU clusters and TPU pods\n")
   command = re.search(r"python examples/launch_multiprocess.py (.*)\n", body).group(1)
   launcher = (ROOT / "examples" / "launch_multiprocess.py").read_text()
   for option in re.findall(r"--[a-z-]+", command):

@@ -23,9 +23,10 @@ import sys
 from typing import Any
 
 import jax
-from variants import Variant
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+from harness.variants import Variant
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "examples"))
 
 from lm import data  # noqa: E402

@@ -22,7 +22,7 @@ from typing import Any
 
 import jax
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 QUICK_RESULTS = ROOT / "runs" / "benchmarks_quick"
 # glibc's malloc gives each allocation above the mmap threshold (at most 32 MB by
