@@ -1,35 +1,12 @@
 """Checkpoints of the parameters and the whole optimizer state, with orbax.
 
-A LoRDO state is more than its moments: the anchor, every basis (or the DCT
-frequencies), the error buffers, the outer optimizer's state, the communication
-ledger and the step counters. A restart must bring all of it back, at any step,
-including in the middle of a round, or the run after the restart is not the run
-before it. :class:`Checkpointer` saves ``params`` and ``opt_state`` as they are and
-restores them into the trees a freshly built optimizer gives (``tx.init(params)``,
-stacked over workers if the loop stacks them): the resumed run is bit-identical to
-one that never stopped.
+:func:`save` and :func:`restore` write and read ``(params, opt_state)`` at a step, and
+a resumed run is bit-identical to one that never stopped; :class:`Checkpointer` keeps
+a directory of steps and saves in the background. A checkpoint that does not fit the
+trees it is restored into raises :class:`CheckpointMismatchError`. Usage::
 
-Storage is orbax's (atomic, optionally asynchronous, every process writing its own
-shards of a sharded array). Each tree is saved as a nested dict whose keys are the
-entries of its leaves' key paths, next to a JSON ``layout`` item: every leaf's key
-path, shape and dtype. :meth:`Checkpointer.restore` compares the layout with the
-target first, so a checkpoint from an optimizer built differently (another rank,
-another method, another number of workers) fails with
-:class:`CheckpointMismatchError` naming the leaves that differ, before anything is
-read. Restored arrays take the sharding of the target's leaves.
-
-Leaves with no elements (the error buffer when error feedback is off is ``(0,)``)
-are recorded in the layout but not written (orbax refuses zero-size arrays); they
-come back as zeros of the target's sharding.
-
-Examples:
-  >>> import tempfile, jax.numpy as jnp, lordo_jax
-  >>> from lordo_jax import checkpoint
-  >>> params = {"w": jnp.ones((16, 8)), "b": jnp.zeros(8)}
-  >>> tx = lordo_jax.lordo(1e-2, rank=2, sync_every=4)
-  >>> directory = tempfile.mkdtemp()
-  >>> checkpoint.save(directory, 0, params, tx.init(params))
-  >>> params, state = checkpoint.restore(directory, 0, params, tx.init(params))
+  checkpoint.save(directory, step, params, opt_state)
+  params, opt_state = checkpoint.restore(directory, step, params, tx.init(params))
 """
 
 import os
@@ -336,7 +313,37 @@ class Checkpointer:
 def save(directory, step: int, params: Any, opt_state: Any, *, metadata: dict | None = None):
   """Saves ``params`` and ``opt_state`` as step ``step`` under ``directory``; blocks.
 
-  See :class:`Checkpointer` for what is stored.
+  A LoRDO state is more than its moments: the anchor, every basis (or the DCT
+  frequencies), the error buffers, the outer optimizer's state, the communication
+  ledger and the step counters. A restart must bring all of it back, at any step,
+  including in the middle of a round, or the run after the restart is not the run
+  before it; so ``params`` and ``opt_state`` are saved as they are, whole.
+
+  Storage is orbax's (atomic, optionally asynchronous with :class:`Checkpointer`,
+  every process writing its own shards of a sharded array). Each tree is saved as a
+  nested dict whose keys are the entries of its leaves' key paths, next to a JSON
+  ``layout`` item: every leaf's key path, shape and dtype, which :func:`restore`
+  checks before reading anything. Leaves with no elements (the error buffer when
+  error feedback is off is ``(0,)``) are recorded in the layout but not written
+  (orbax refuses zero-size arrays). :class:`Checkpointer` does the same without
+  blocking.
+
+  Args:
+    directory: where the step directories go (created if missing).
+    step: the step number to save as.
+    params: the parameters, any pytree of arrays.
+    opt_state: the optimizer state, any pytree of arrays.
+    metadata: JSON-serialisable, stored with the layout; read it back with
+      :meth:`Checkpointer.metadata`.
+
+  Examples:
+    >>> import tempfile, jax.numpy as jnp, lordo_jax
+    >>> from lordo_jax import checkpoint
+    >>> params = {"w": jnp.ones((16, 8)), "b": jnp.zeros(8)}
+    >>> tx = lordo_jax.lordo(1e-2, rank=2, sync_every=4)
+    >>> directory = tempfile.mkdtemp()
+    >>> checkpoint.save(directory, 0, params, tx.init(params))
+    >>> params, state = checkpoint.restore(directory, 0, params, tx.init(params))
   """
   with Checkpointer(directory, async_save=False) as checkpointer:
     checkpointer.save(step, params, opt_state, metadata=metadata)
@@ -345,8 +352,27 @@ def save(directory, step: int, params: Any, opt_state: Any, *, metadata: dict | 
 def restore(directory, step: int | None, params_like: Any, opt_state_like: Any):
   """``(params, opt_state)`` of step ``step`` (``None``: the latest) under ``directory``.
 
-  See :meth:`Checkpointer.restore`; raises :class:`CheckpointMismatchError` when the
-  checkpoint does not match the targets.
+  The saved trees are restored into the trees a freshly built optimizer gives
+  (``tx.init(params)``, stacked over workers if the loop stacks them): the resumed
+  run is bit-identical to one that never stopped. The checkpoint's ``layout`` (every
+  leaf's key path, shape and dtype, written by :func:`save`) is compared with the
+  targets first, so a checkpoint from an optimizer built differently (another rank,
+  another method, another number of workers) fails with
+  :class:`CheckpointMismatchError` naming the leaves that differ, before anything is
+  read. Restored arrays take the sharding of the targets' leaves; leaves with no
+  elements, which are not written, come back as zeros of the target's sharding.
+
+  Examples:
+    As in :func:`save`; with ``step=None`` the latest step comes back:
+
+    >>> import tempfile, jax.numpy as jnp, lordo_jax
+    >>> from lordo_jax import checkpoint
+    >>> params = {"w": jnp.ones((4, 2))}
+    >>> directory = tempfile.mkdtemp()
+    >>> for step in (3, 7):
+    ...   checkpoint.save(directory, step, params, {"step": jnp.int32(step)})
+    >>> int(checkpoint.restore(directory, None, params, {"step": jnp.int32(0)})[1]["step"])
+    7
   """
   with Checkpointer(directory, async_save=False) as checkpointer:
     if step is None:

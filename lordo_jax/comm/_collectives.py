@@ -1,14 +1,9 @@
 r"""The one counted all-reduce: every message LoRDO sends goes through here.
 
-Each communicating transformation keeps a :class:`Ledger` in its state. A mean over
-the workers is only ever taken by :func:`counted_pmean`, which adds the payload of the
-all-reduce (elements and bytes per worker, before any algorithm's factor such as the
-ring all-reduce's :math:`2(M-1)/M`) to that ledger. Communication therefore cannot
-happen uncounted, and the count is exactly what the compiled program all-reduces.
-
-A mean can also be sent compressed (:func:`counted_mean`: bfloat16 or int8 blocks,
-with error feedback). Counters are two int32 limbs (``low + high * 2**20``): exact up
-to :math:`2^{51}` elements without 64-bit JAX.
+A mean over the workers is only ever taken here, by :func:`counted_pmean`,
+:func:`counted_mean_of_present` or :func:`counted_mean` (which can send it compressed),
+each adding its payload to the caller's :class:`Ledger`: communication cannot happen
+uncounted. :func:`ledger_total` reads a ledger's totals on the host.
 """
 
 import sys
@@ -27,7 +22,18 @@ _LIMB = 1 << _LIMB_BITS
 
 
 class Ledger(NamedTuple):
-  """Communication sent by one transformation since ``init``, per worker."""
+  r"""Communication sent by one transformation since ``init``, per worker.
+
+  Each communicating transformation keeps a :class:`Ledger` in its state. A mean over
+  the workers is only ever taken by :func:`counted_pmean`, which adds the payload of the
+  all-reduce (elements and bytes per worker, before any algorithm's factor such as the
+  ring all-reduce's :math:`2(M-1)/M`) to that ledger. Communication therefore cannot
+  happen uncounted, and the count is exactly what the compiled program all-reduces.
+
+  A mean can also be sent compressed (:func:`counted_mean`: bfloat16 or int8 blocks,
+  with error feedback). Counters are two int32 limbs (``low + high * 2**20``): exact up
+  to :math:`2^{51}` elements without 64-bit JAX.
+  """
 
   elements: jax.Array  # int32[2]: (low, high) limbs of the all-reduced elements.
   bytes: jax.Array  # int32[2]: (low, high) limbs of the all-reduced bytes.
@@ -293,8 +299,8 @@ def counted_mean(
   worker sends :math:`x + e` instead of x and keeps what the encoding lost,
   :math:`e' = (x + e) - \mathrm{dec}(\mathrm{enc}(x + e))`; the owner of a shard also
   keeps M times what re-encoding the averaged shard lost. Then, over any number of
-  calls, :math:`\sum_t ar y_t + \mathrm{mean}_m e_{m,T} = \sum_t \mathrm{mean}_m
-  x_{m,t}` (to float rounding; :math:`ar y_t` the means returned): nothing sent is
+  calls, :math:`\sum_t \bar y_t + \mathrm{mean}_m e_{m,T} = \sum_t \mathrm{mean}_m
+  x_{m,t}` (to float rounding; :math:`\bar y_t` the means returned): nothing sent is
   lost, only delayed. With ``residual=None`` the rounding is not fed back.
 
   Args:

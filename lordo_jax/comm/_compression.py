@@ -1,22 +1,9 @@
 r"""Codecs for compressed synchronisation: what a worker's message becomes on the wire.
 
 A compressed mean (:func:`lordo_jax.comm._collectives.counted_mean`) sends each leaf as a
-``R x C`` block of rows (:func:`as_rows`), encoded by one of these codecs:
-
-* ``"bfloat16"``: each value rounded to bfloat16 (2 bytes, relative error
-  :math:`2^{-9}`);
-* ``"int8"``: each row scaled by its own float32 scale
-  :math:`s_i = \max_j |x_{ij}| / 127` and rounded,
-  :math:`q_{ij} = \mathrm{round}(x_{ij} / s_i) \in [-127, 127]` (1 byte per value
-  plus 4 bytes per row); decoded as :math:`q_{ij} s_i`.
-
-int8 keeps absolute precision (a step of :math:`\max_j |x_{ij}| / 127` per row): right
-for a pseudo-gradient, whose rounding error feedback carries into the next round, but
-not for Adam's moments, which are divided by each other and have no error feedback.
-A synchronisation compressed to int8 therefore sends its moments in bfloat16
-(:data:`MOMENT_CODECS`).
-
-Everything here is local arithmetic: no communication, no state.
+``R x C`` block of rows (:func:`as_rows`, undone by :func:`from_rows`), encoded by one of
+the :data:`CODECS` (:func:`encode`, :func:`decode`); :data:`MOMENT_CODECS` is the codec of
+the moments. Everything here is local arithmetic: no communication, no state.
 """
 
 import math
@@ -67,9 +54,22 @@ def from_rows(rows: jax.Array, layout: tuple) -> jax.Array:
 
 
 def encode(rows: jax.Array, codec: str):
-  """``rows`` (float32, ``... x C``) as ``(values, scales)``; scales are per row.
+  r"""``rows`` (float32, ``... x C``) as ``(values, scales)``; scales are per row.
 
-  ``scales`` is ``None`` for bfloat16.
+  The codecs (:data:`CODECS`):
+
+  * ``"bfloat16"``: each value rounded to bfloat16 (2 bytes, relative error
+    :math:`2^{-9}`); ``scales`` is ``None``;
+  * ``"int8"``: each row scaled by its own float32 scale
+    :math:`s_i = \max_j |x_{ij}| / 127` and rounded,
+    :math:`q_{ij} = \mathrm{round}(x_{ij} / s_i) \in [-127, 127]` (1 byte per value
+    plus 4 bytes per row); decoded (:func:`decode`) as :math:`q_{ij} s_i`.
+
+  int8 keeps absolute precision (a step of :math:`\max_j |x_{ij}| / 127` per row): right
+  for a pseudo-gradient, whose rounding error feedback carries into the next round, but
+  not for Adam's moments, which are divided by each other and have no error feedback.
+  A synchronisation compressed to int8 therefore sends its moments in bfloat16
+  (:data:`MOMENT_CODECS`).
   """
   if codec == "bfloat16":
     return rows.astype(jnp.bfloat16), None

@@ -1,20 +1,9 @@
 """Which leaves are low-rank matrices, and how a leaf is seen as a matrix.
 
-By default (MATH.md §2) every 2-D leaf with ``min(p, q) > rank`` takes the
-low-rank path and every other leaf (biases, norms, scalars, small matrices) takes
-the full-rank AdamW path. ``low_rank_labels`` overrides that: a pytree, or a
-function of the params returning one, whose leaves are
-
-* ``True``: low-rank, a 2-D leaf seen as it is;
-* ``False``: the full-rank path;
-* a :class:`MatrixAxes`: low-rank, the leaf reshaped into a matrix whose rows are
-  the axes ``rows`` and whose columns are the axes ``cols`` (a Flax attention kernel
-  ``(embed, heads, head_dim)`` is ``MatrixAxes(rows=0, cols=(1, 2))``).
-  ``optax.contrib.GaLoreDimensionNumbers`` is accepted too.
-
-A label function is called with a tree shaped like the params; on the low-rank path
-it is the same tree with ``optax.MaskedNode()`` at the other leaves, as everywhere in
-``optax.partition``. Functions of shapes and key paths work on both.
+:func:`route` gives each leaf its :class:`MatrixAxes` (low-rank) or ``FULL_RANK``, by
+MATH.md §2's default or by ``low_rank_labels`` (its docstring has the rules);
+:func:`partition_labels` makes the label function of ``optax.partition``, and
+:func:`to_matrix` and :func:`from_matrix` turn a leaf into its matrix and back.
 """
 
 import dataclasses
@@ -119,6 +108,23 @@ def _labelled_axes(path, x, label, rank: int) -> MatrixAxes | str:
 
 def route(tree: Any, labels: Any, rank: int) -> Any:
   """For each leaf of ``tree``: its :class:`MatrixAxes` if low-rank, else FULL_RANK.
+
+  By default (``labels`` None, MATH.md §2) every 2-D leaf with ``min(p, q) > rank``
+  takes the low-rank path and every other leaf (biases, norms, scalars, small
+  matrices) takes the full-rank AdamW path. ``labels`` (the optimizer's
+  ``low_rank_labels``) overrides that: a pytree, or a function of the params returning
+  one, whose leaves are
+
+  * ``True``: low-rank, a 2-D leaf seen as it is;
+  * ``False``: the full-rank path;
+  * a :class:`MatrixAxes`: low-rank, the leaf reshaped into a matrix whose rows are
+    the axes ``rows`` and whose columns are the axes ``cols`` (a Flax attention kernel
+    ``(embed, heads, head_dim)`` is ``MatrixAxes(rows=0, cols=(1, 2))``).
+    ``optax.contrib.GaLoreDimensionNumbers`` is accepted too.
+
+  A label function is called with a tree shaped like the params; on the low-rank path
+  it is the same tree with ``optax.MaskedNode()`` at the other leaves, as everywhere in
+  ``optax.partition``. Functions of shapes and key paths work on both.
 
   ``optax.MaskedNode`` leaves stay as they are.
   """

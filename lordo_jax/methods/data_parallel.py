@@ -1,14 +1,9 @@
-r"""Data parallelism: the gradient averaged every step, then the optimizer.
+"""Data parallelism: the gradient averaged every step, then the optimizer.
 
-* :func:`average_gradients`: the data-parallel piece, each worker's gradient replaced
-  by the (counted) mean over the workers.
-* :func:`ddp`: :func:`average_gradients`, then AdamW.
-* :func:`low_rank_ddp`: :func:`average_gradients`, then low-rank Adam (GaLore) routed
-  as in :func:`lordo_jax.lordo`; with ``communicate="projected"`` the low-rank Adam
-  averages only its ``r x q`` coordinates (and the gradient on refresh steps).
-
-Per step and ``p x q`` matrix (MATH.md §7): DDP and low-rank DDP (``full``) send
-``pq``, low-rank DDP (``projected``) ``rq + pq / T``.
+:func:`average_gradients` (the data-parallel piece: each worker's gradient replaced by
+the counted mean over the workers), :func:`ddp` (it, then AdamW) and
+:func:`low_rank_ddp` (it, then low-rank Adam: GaLore, routed as in
+:func:`lordo_jax.lordo`).
 """
 
 import numbers
@@ -202,19 +197,21 @@ def low_rank_ddp(
   and Q is recomputed from :math:`\bar G` at steps 1, T + 1, 2T + 1, ... With the
   defaults (``omega = 1``, ``transport="keep"``, ``projection="svd"``) this is
   ``optax.contrib.galore`` on the mean gradient, up to the sign convention of the
-  singular vectors (ours are canonical, MATH.md §5). Leaves that are not
-  low-rank matrices take AdamW on the averaged gradient.
+  singular vectors (ours are canonical, MATH.md §5). Leaves are routed as in
+  :func:`lordo_jax.lordo`: those that are not low-rank matrices take AdamW on the
+  averaged gradient.
 
-  ``communicate`` chooses what travels; both give the same iterates, since Q is
-  shared and projection is linear:
+  ``communicate`` chooses what travels (per step and ``p x q`` matrix, MATH.md §7);
+  both give the same iterates, since Q is shared and projection is linear:
 
   * ``"full"`` (default; DDP + GaLore, the paper's baseline): the full gradient
     every step, ``pq`` elements per matrix;
-  * ``"projected"``: the coordinates ``c`` (``rq``) every step, plus the full
-    gradient on refresh steps (``pq / T`` per step on average), or with
-    ``projection="randomized_svd"`` only its sketches (``n x l`` products with it,
-    :math:`l = r + \text{oversample}`, per pass). It needs ``omega = 1`` and
-    ``error_feedback=False``, which use the full gradient.
+  * ``"projected"``: the low-rank Adam averages only its coordinates ``c`` (``rq``)
+    every step, plus the full gradient on refresh steps (``pq / T`` per step on
+    average, ``rq + pq / T`` in all), or with ``projection="randomized_svd"`` only
+    its sketches (``n x l`` products with it, :math:`l = r + \text{oversample}`,
+    per pass). It needs ``omega = 1`` and ``error_feedback=False``, which use the
+    full gradient.
 
   ``two_sided=True`` is TSR-Adam (:mod:`lordo_jax.local._two_sided_projection`): the moments are the
   ``r x r`` cores :math:`U^\top \bar G V`; with ``communicate="projected"`` the

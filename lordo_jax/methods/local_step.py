@@ -1,17 +1,9 @@
-r"""The local step every method takes: AdamW, or low-rank Adam on the matrices.
+"""The local step every method takes: AdamW, or low-rank Adam on the matrices.
 
-AdamW from its pieces (``optax.adamw``'s chain), its moments in float32 whatever the
-parameter dtype (:func:`lordo_jax.in_float32`):
-
-.. math::
-  \text{update} = -\eta\, (\text{direction} + \lambda W)
-
-with the direction Adam's :math:`\hat u / (\sqrt{\hat v} + \epsilon)` (QHAdam's
-:math:`((1 - \nu) g + \nu \hat u) / (\sqrt{\hat v} + \epsilon)` on the full-rank
-path with ``full_rank_nu`` :math:`= \nu < 1`), or, on a low-rank matrix, the
-quasi-hyperbolic mix of :func:`lordo_jax.scale_by_low_rank_adam` (MATH.md §3).
-:func:`lordo_jax.lordo`, its ablations and :func:`lordo_jax.low_rank_ddp` take
-:func:`low_rank_adamw`; the other methods take :func:`adamw`.
+:func:`adamw` (``optax.adamw`` from its pieces, moments in float32) is the local step
+of the full-rank methods; :func:`low_rank_adamw` (low-rank Adam on the matrices,
+MATH.md §3) that of :func:`lordo_jax.lordo`, its ablations and
+:func:`lordo_jax.low_rank_ddp`.
 """
 
 import numbers
@@ -36,19 +28,28 @@ def _decoupled(direction, learning_rate, weight_decay) -> optax.GradientTransfor
 
 
 def adamw(learning_rate, b1, b2, eps, weight_decay) -> optax.GradientTransformation:
-  """``optax.adamw`` from its pieces, moments in float32 as on LoRDO's full-rank path.
+  r"""``optax.adamw`` from its pieces, moments in float32 as on LoRDO's full-rank path.
 
-  For float32 params this is exactly ``optax.adamw``; for bfloat16 params the
-  moments stay float32 (:func:`lordo_jax.in_float32`), so every method keeps its
-  moments at the same precision.
+  .. math::
+    \text{update} = -\eta\, (\text{direction} + \lambda W)
+
+  with the direction Adam's :math:`\hat u / (\sqrt{\hat v} + \epsilon)`. For float32
+  params this is exactly ``optax.adamw``; for bfloat16 params the moments stay
+  float32 (:func:`lordo_jax.in_float32`), so every method keeps its moments at the
+  same precision. The methods other than :func:`lordo_jax.lordo`, its ablations and
+  :func:`lordo_jax.low_rank_ddp` take it.
   """
   return _decoupled(full_rank_adam(b1, b2, eps), learning_rate, weight_decay)
 
 
 def full_rank_adam(b1, b2, eps, nu=1.0) -> optax.GradientTransformation:
-  """``optax.scale_by_adam`` (``nu`` = 1), else QHAdam; moments in float32.
+  r"""``optax.scale_by_adam`` (``nu`` = 1), else QHAdam; moments in float32.
 
   QHAdam is :func:`lordo_jax.local._quasi_hyperbolic.scale_by_qhadam`; its state is Adam's.
+  Its direction, on the full-rank path with ``full_rank_nu`` :math:`= \nu < 1`:
+
+  .. math::
+    \frac{(1 - \nu)\, g + \nu \hat u}{\sqrt{\hat v} + \epsilon}
   """
   if isinstance(nu, numbers.Real) and nu == 1:
     adam = optax.scale_by_adam(b1=b1, b2=b2, eps=eps)
@@ -68,7 +69,15 @@ def low_rank_adamw(
   matrices_path: Callable = lambda low_rank: low_rank,
   who: str,
 ) -> tuple[low_rank_lib.LowRankAdam, optax.GradientTransformation]:
-  """``(low_rank, the local step)``: the low-rank local step of :func:`lordo_jax.lordo`.
+  r"""``(low_rank, the local step)``: the low-rank local step of :func:`lordo_jax.lordo`.
+
+  .. math::
+    \text{update} = -\eta\, (\text{direction} + \lambda W)
+
+  with the direction, on a low-rank matrix, the quasi-hyperbolic mix of
+  :func:`lordo_jax.scale_by_low_rank_adam` (MATH.md §3), and on the other leaves
+  :func:`full_rank_adam`'s. :func:`lordo_jax.lordo`, its ablations and
+  :func:`lordo_jax.low_rank_ddp` take it.
 
   ``low_rank`` is the :class:`~lordo_jax.LowRankAdam` built from ``step`` (checked in
   ``who``'s name) with ``local.low_rank_labels`` as its ``matrix_axes``; the local step

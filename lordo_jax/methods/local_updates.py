@@ -1,14 +1,9 @@
-r"""Local updates: local AdamW steps, synchronised every K steps.
+"""Local updates: local AdamW steps, synchronised every K steps (MATH.md §6).
 
-Each is :func:`lordo_jax.synchronize` of AdamW (MATH.md §6):
-
-* :func:`local_adam`: params and both moments every K.
-* :func:`desloc`: params every K_x, moments every K_u and K_v.
-* :func:`diloco`: an outer Nesterov SGD on the averaged pseudo-gradient; moments
-  stay local.
-
-Per step and ``p x q`` matrix (MATH.md §7): Local Adam ``3pq / K``; DES-LOC
-``pq (1/K_x + 1/K_u + 1/K_v)``; DiLoCo ``pq / K``.
+:func:`local_adam` (params and both moments every K), :func:`desloc` (params every
+K_x, moments every K_u and K_v) and :func:`diloco` (an outer Nesterov SGD on the
+averaged pseudo-gradient; moments stay local), each :func:`lordo_jax.synchronize`
+of AdamW.
 """
 
 from typing import Any
@@ -40,8 +35,9 @@ def local_adam(
     u = \mathrm{pmean}_m(u_m), \qquad v = \mathrm{pmean}_m(v_m)
 
   (the parameters through the pseudo-gradient :math:`\text{anchor} - \theta_m` and
-  plain averaging, :func:`synchronize` with the identity outer step).
-  Communication: ``3pq`` elements per ``p x q`` leaf per K steps (MATH.md §7).
+  plain averaging, :func:`synchronize` of AdamW with the identity outer step,
+  MATH.md §6). Communication: ``3pq`` elements per ``p x q`` leaf per K steps, i.e.
+  ``3pq / K`` per step (MATH.md §7).
 
   Args:
     {options}
@@ -113,7 +109,8 @@ def desloc(
 
   :func:`synchronize` with ``first_moment_every = K_u / K_x`` and
   ``second_moment_every = K_v / K_x`` syncs. Communication per ``p x q`` leaf:
-  ``pq (1 + K_x/K_u + K_x/K_v)`` elements per K_x steps (MATH.md §7).
+  ``pq (1 + K_x/K_u + K_x/K_v)`` elements per K_x steps, i.e.
+  ``pq (1/K_x + 1/K_u + 1/K_v)`` per step (MATH.md §7).
 
   Args:
     {options}
@@ -181,7 +178,7 @@ def diloco(
 
   :func:`synchronize` with ``optax.sgd(outer_learning_rate, outer_momentum,
   nesterov)`` as the outer optimizer and no moment averaging. Communication: ``pq``
-  elements per ``p x q`` leaf per K steps (MATH.md §7).
+  elements per ``p x q`` leaf per K steps, i.e. ``pq / K`` per step (MATH.md §7).
 
   Args:
     {options}

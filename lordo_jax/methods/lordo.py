@@ -1,16 +1,8 @@
-r"""LoRDO and its two ablations: low-rank Adam with infrequent synchronisation.
+"""LoRDO and its two ablations: low-rank Adam with infrequent synchronisation.
 
-* :func:`lordo`: every K steps the workers average their pseudo-gradient and their
-  ``r x q`` moments, and every basis is recomputed from the averaged pseudo-gradient
-  (MATH.md §3 to §5); a full-rank quasi-hyperbolic term keeps the subspace
-  moving.
-* :func:`lordo_local_projection`: each worker's basis from its own gradient; the
-  moments stay local.
-* :func:`lordo_global_projection_only`: :func:`lordo` with ``omega = 1``, no
-  full-rank term; the subspace never moves.
-
-Each is :func:`lordo_jax.synchronize` of the low-rank local step; per round and
-``p x q`` matrix they send ``pq + 2rq`` elements, the local ablation ``pq`` (MATH.md §7).
+:func:`lordo` (MATH.md §3 to §5), :func:`lordo_local_projection` (each worker's
+basis from its own gradient) and :func:`lordo_global_projection_only` (no full-rank
+term), each :func:`lordo_jax.synchronize` of the low-rank local step.
 """
 
 from typing import Any
@@ -57,6 +49,10 @@ def lordo(
       + \omega\, Q \frac{\hat u}{\sqrt{\hat v} + \epsilon}, \qquad
     \text{update} = -\eta\, (\text{direction} + \lambda W)
 
+  The full-rank quasi-hyperbolic term keeps the subspace moving (without it, see
+  :func:`lordo_global_projection_only`). This is :func:`lordo_jax.synchronize` of the
+  low-rank local step (:func:`lordo_jax.methods.local_step.low_rank_adamw`).
+
   Leaves that are not low-rank matrices (biases, norms, small matrices, or those
   ``low_rank_labels`` excludes) take local AdamW with the same synchronisation; a
   rank that leaves no matrix low-rank is refused at ``init``.
@@ -69,8 +65,9 @@ def lordo(
   ``fault_tolerant=True``.
 
   Communication per round of K steps and per ``p x q`` matrix: ``pq`` (the
-  pseudo-gradient) plus ``2rq`` (the moments) elements, against ``K pq`` for DDP.
-  Read it with :func:`lordo_jax.communicated_bytes`.
+  pseudo-gradient) plus ``2rq`` (the moments) elements, against ``K pq`` for DDP:
+  ``(pq + 2rq) / K`` per step (MATH.md §7). Read it with
+  :func:`lordo_jax.communicated_bytes`.
 
   Args:
     {options}
@@ -148,8 +145,10 @@ def lordo_local_projection(
     \theta = \mathrm{pmean}_m(\theta_m) \ \text{every K steps}.
 
   The bases then differ between workers, so the low-rank moments live in different
-  subspaces and are not averaged (nor are the full-rank path's). Communication:
-  ``pq`` elements per ``p x q`` leaf per K steps; no first-gradient message.
+  subspaces and are not averaged (nor are the full-rank path's). It is
+  :func:`lordo_jax.synchronize` of the same low-rank local step. Communication:
+  ``pq`` elements per ``p x q`` leaf per K steps (MATH.md §7); no first-gradient
+  message.
 
   Args:
     {options}

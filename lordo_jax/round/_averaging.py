@@ -1,25 +1,10 @@
 r"""How a round of :func:`lordo_jax.synchronize` averages over the workers: a strategy.
 
 An :class:`Averaging` is chosen once from the options (:func:`choose`), and the round
-takes it as an argument. Its three kinds:
-
-* :class:`Averaging`: every worker's message counts,
-  :math:`\bar x = \frac1M \sum_m x_m` (:func:`lordo_jax.comm._collectives.counted_pmean`);
-* :class:`OfPresentWorkers` (``fault_tolerant=True``): the mean over the workers
-  present, :math:`\bar x = \sum_m w_m x_m / \sum_m w_m` with :math:`w_m \in \{0, 1\}`
-  (:func:`lordo_jax.comm._collectives.counted_mean_of_present`); a worker is present when
-  it was not marked absent, took only finite steps this round (its non-finite steps
-  are skipped, :func:`lordo_jax.round._faults.skip_non_finite_step`), and its message is
-  finite;
-* :class:`Compressed` (``compression="bfloat16" | "int8"``): every message sent
-  encoded (:func:`lordo_jax.comm._collectives.counted_mean`), the pseudo-gradient with
-  per-worker error feedback :math:`e`: the worker sends :math:`\Delta_m + e_m` and
-  keeps what the encoding lost, so :math:`\sum_t \bar\Delta_t + \mathrm{mean}_m e_m
-  = \sum_t \mathrm{mean}_m \Delta_{m,t}`; the moments in the codec of
-  :data:`lordo_jax.comm._compression.MOMENT_CODECS`, without feedback.
-
-Every mean returns ``(mean, fraction, ledger)``: ``fraction`` is the share
-:math:`\phi` of workers in it (1 but for :class:`OfPresentWorkers`).
+takes it as an argument: the plain mean (:class:`Averaging`), the mean over the workers
+present (:class:`OfPresentWorkers`) or every message encoded (:class:`Compressed`).
+Every mean returns ``(mean, fraction, ledger)``; :func:`unless_empty` keeps a worker's
+own values where nobody was in the mean.
 """
 
 from typing import Any
@@ -39,7 +24,8 @@ class Averaging:
 
   Every message is sent as it is and every worker counts. The subclasses change what
   they must: :class:`OfPresentWorkers` who counts, :class:`Compressed` how messages
-  travel. Every mean returns ``(mean, fraction, ledger)``.
+  travel. Every mean returns ``(mean, fraction, ledger)``: ``fraction`` is the share
+  :math:`\phi` of workers in it (1 but for :class:`OfPresentWorkers`).
   """
 
   def __init__(self, axis_name: str | None):
@@ -136,7 +122,28 @@ class Compressed(Averaging):
 
 
 def choose(axis_name: str | None, *, fault_tolerant: bool, compression: str | None) -> Averaging:
-  """The averaging of ``synchronize``'s options (the two are not combined)."""
+  r"""The averaging of ``synchronize``'s options (the two are not combined).
+
+  Its three kinds:
+
+  * :class:`Averaging`: every worker's message counts,
+    :math:`\bar x = \frac1M \sum_m x_m` (:func:`lordo_jax.comm._collectives.counted_pmean`);
+  * :class:`OfPresentWorkers` (``fault_tolerant=True``): the mean over the workers
+    present, :math:`\bar x = \sum_m w_m x_m / \sum_m w_m` with :math:`w_m \in \{0, 1\}`
+    (:func:`lordo_jax.comm._collectives.counted_mean_of_present`); a worker is present when
+    it was not marked absent, took only finite steps this round (its non-finite steps
+    are skipped, :func:`lordo_jax.round._faults.skip_non_finite_step`), and its message is
+    finite;
+  * :class:`Compressed` (``compression="bfloat16" | "int8"``): every message sent
+    encoded (:func:`lordo_jax.comm._collectives.counted_mean`), the pseudo-gradient with
+    per-worker error feedback :math:`e`: the worker sends :math:`\Delta_m + e_m` and
+    keeps what the encoding lost, so :math:`\sum_t \bar\Delta_t + \mathrm{mean}_m e_m
+    = \sum_t \mathrm{mean}_m \Delta_{m,t}`; the moments in the codec of
+    :data:`lordo_jax.comm._compression.MOMENT_CODECS`, without feedback.
+
+  Every mean returns ``(mean, fraction, ledger)``; ``fraction`` is the share
+  :math:`\phi` of workers in it (:class:`Averaging`).
+  """
   if fault_tolerant:
     return OfPresentWorkers(axis_name)
   if compression is not None:

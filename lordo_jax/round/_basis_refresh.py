@@ -1,23 +1,9 @@
 r"""The refresh of the low-rank bases by :func:`lordo_jax.synchronize`.
 
-Every basis :math:`Q` of the local optimizer's
-:class:`~lordo_jax.local._low_rank_adam.LowRankAdam` is recomputed from a source matrix
-:math:`S` (``low_rank.refresh``, which also transports the moments into the new
-subspace), at two moments:
-
-* before step 1 (``init_projection="gradient"``), from the first gradient
-  :math:`S = g_1`;
-* at every sync of its fragment, from the round's :math:`S = \Delta`.
-
-The source is one of :data:`SOURCES` (:class:`BasisRefresh` holds the choice):
-
-* ``"pseudo_gradient"``: the mean over the workers, :math:`\bar g_1` (one counted
-  full-size message) and the averaged :math:`\Delta` (already sent for the outer
-  step). Every worker computes the same basis, so the subspace is shared for free;
-* ``"local_gradient"``: each worker's own gradient of that step, :math:`g_{m,t}`, no
-  message; the bases then differ between workers.
-
-Where nobody was present at a sync, the bases and moments are kept.
+:class:`BasisRefresh` recomputes every basis of the local optimizer's
+:class:`~lordo_jax.local._low_rank_adam.LowRankAdam` from a source matrix, one of
+:data:`SOURCES`: before step 1 (:meth:`BasisRefresh.before_first_step`) and at every
+sync of its fragment (:meth:`BasisRefresh.at_sync`).
 """
 
 from collections.abc import Callable
@@ -32,7 +18,26 @@ SOURCES = ("pseudo_gradient", "local_gradient")
 
 
 class BasisRefresh:
-  """What :func:`lordo_jax.synchronize` does to the low-rank bases, chosen once.
+  r"""What :func:`lordo_jax.synchronize` does to the low-rank bases, chosen once.
+
+  Every basis :math:`Q` of the local optimizer's
+  :class:`~lordo_jax.local._low_rank_adam.LowRankAdam` is recomputed from a source matrix
+  :math:`S` (``low_rank.refresh``, which also transports the moments into the new
+  subspace), at two moments:
+
+  * before step 1 (``init_projection="gradient"``), from the first gradient
+    :math:`S = g_1`;
+  * at every sync of its fragment, from the round's :math:`S = \Delta`.
+
+  The source is one of :data:`SOURCES`:
+
+  * ``"pseudo_gradient"``: the mean over the workers, :math:`\bar g_1` (one counted
+    full-size message) and the averaged :math:`\Delta` (already sent for the outer
+    step). Every worker computes the same basis, so the subspace is shared for free;
+  * ``"local_gradient"``: each worker's own gradient of that step, :math:`g_{m,t}`, no
+    message; the bases then differ between workers.
+
+  Where nobody was present at a sync, the bases and moments are kept.
 
   Args:
     low_rank: the :class:`~lordo_jax.local.LowRankAdam` inside the local optimizer;

@@ -1,14 +1,8 @@
 r"""Which optimizer moments a sync of :func:`lordo_jax.synchronize` averages.
 
-The first moments (``mu``) are averaged at every ``first_moment_every``-th sync, the
-second (``nu``) at every ``second_moment_every``-th (``None``: never). At the s-th
-sync (1-based, counted per fragment) the fields due are
-
-.. math::
-  \{\texttt{mu} : s \bmod P_1 = 0\} \cup \{\texttt{nu} : s \bmod P_2 = 0\},
-
-and fields with the same period go in one message. A moment (low-rank ``r x q`` or
-full-rank) is replaced by its mean over the workers, and kept where nobody was present.
+The moment fields are grouped by period (:func:`moment_groups`), and
+:func:`average_due_moments` averages the groups due at a sync (:func:`due`), each in one
+message (:func:`average_moments`).
 """
 
 from collections.abc import Callable
@@ -72,8 +66,19 @@ def average_moments(inner_state, ledger, fields, present, fragment, mean: Callab
 def average_due_moments(
   inner_state: Any, ledger, sync_index, groups: list, present, fragment, mean: Callable
 ):
-  """The moments due at sync ``sync_index`` (:func:`due`) averaged, each group in a
-  ``lax.cond`` of its own, so nothing is sent at the syncs where it is not due."""
+  r"""The moments due at sync ``sync_index`` (:func:`due`) averaged, each group in a
+  ``lax.cond`` of its own, so nothing is sent at the syncs where it is not due.
+
+  The first moments (``mu``) are averaged at every ``first_moment_every``-th sync, the
+  second (``nu``) at every ``second_moment_every``-th (``None``: never). At the s-th
+  sync (1-based, counted per fragment) the fields due are
+
+  .. math::
+    \{\texttt{mu} : s \bmod P_1 = 0\} \cup \{\texttt{nu} : s \bmod P_2 = 0\},
+
+  and fields with the same period go in one message. A moment (low-rank ``r x q`` or
+  full-rank) is replaced by its mean over the workers, and kept where nobody was present.
+  """
   for predicate, fields in due(sync_index, groups):
     inner_state, ledger = jax.lax.cond(
       predicate,

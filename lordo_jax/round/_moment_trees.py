@@ -1,13 +1,9 @@
 """The moments and bases inside a local optimizer's state, reached leaf by leaf.
 
 :func:`lordo_jax.synchronize` averages the Adam moments of the optimizer it wraps
-and refreshes its low-rank bases, for all parameters or (streaming) for one fragment
-of them. The Adam-like nodes it finds in the state are ``optax.ScaleByAdamState``
-(moments shaped like the params) and :class:`~lordo_jax.LowRankAdamState` (a
-:class:`~lordo_jax.LowRankMoments` per matrix); both hold trees shaped like the
-params, with ``optax.MaskedNode()`` where ``optax.partition`` routed a leaf
-elsewhere. A subset of the parameters is a ``fragment`` tree of Python bools shaped like
-the params (``None``: all of them); the leaves outside it become ``MaskedNode()``.
+(:func:`moment_tree`, :func:`with_moments`) and refreshes its low-rank bases
+(:func:`low_rank_state`, :func:`with_low_rank_state`), for all parameters or (streaming)
+for one fragment of them (:func:`select`, :func:`merge`).
 """
 
 from typing import Any
@@ -27,7 +23,11 @@ def _is_moment_node(x) -> bool:
 
 
 def select(tree: Any, fragment: Any) -> Any:
-  """``tree`` (shaped like the params) with the leaves outside ``fragment`` masked."""
+  """``tree`` (shaped like the params) with the leaves outside ``fragment`` masked.
+
+  A subset of the parameters is a ``fragment`` tree of Python bools shaped like the
+  params (``None``: all of them); the leaves outside it become ``MaskedNode()``.
+  """
   if fragment is None:
     return tree
   return jax.tree.map(
@@ -43,7 +43,15 @@ def merge(full: Any, part: Any) -> Any:
 
 
 def moment_tree(inner_state: Any, field: str, fragment: Any = None) -> Any:
-  """The ``field`` ("mu" or "nu") moments of every Adam-like node, None elsewhere."""
+  """The ``field`` ("mu" or "nu") moments of every Adam-like node, None elsewhere.
+
+  The Adam-like nodes :func:`lordo_jax.synchronize` finds in the state of the optimizer
+  it wraps are ``optax.ScaleByAdamState`` (moments shaped like the params) and
+  :class:`~lordo_jax.LowRankAdamState` (a :class:`~lordo_jax.LowRankMoments` per
+  matrix); both hold trees shaped like the params, with ``optax.MaskedNode()`` where
+  ``optax.partition`` routed a leaf elsewhere. Only the leaves in ``fragment`` are
+  taken (:func:`select`).
+  """
 
   def pick(node):
     if isinstance(node, optax.ScaleByAdamState):

@@ -1,26 +1,9 @@
 r"""Host offload of the state a round reads only at its sync.
 
-The anchor (the parameters at the last sync), the outer optimizer's state (DiLoCo's
-outer momentum) and the compression residual are read and written once every K steps,
-at the sync, and never at a local step. With ``offload=True``
-(:func:`lordo_jax.synchronize` and every method with an anchor) they live in the
-host's ``pinned_host`` memory, the accelerator holds only what a local step needs, and
-the sync branch moves them
-
-.. math::
-  \text{host} \xrightarrow{\ \text{to\_device}\ } \text{device}
-  \xrightarrow{\ \text{sync}\ } \text{device}
-  \xrightarrow{\ \text{to\_host}\ } \text{host}
-
-inside its ``lax.cond`` branch, so a local step moves nothing. The copies are exact,
-so results are bit-identical to ``offload=False``. A sync step then transfers the
-anchor twice over the host link (PCIe on a GPU): ``2 pq`` elements per ``p x q``
-matrix every K steps, against AdamW's ``2 pq`` resident on the device at every step.
-
-Placement is a memory kind of the arrays' sharding (``jax.memory.Space.Host``), which
-``jit`` and ``shard_map`` honour (their sharding is kept: an anchor split over an FSDP
-axis stays split in host memory). ``pmap`` places every output on the device, so under
-``pmap`` the option changes nothing: use ``shard_map``.
+With ``offload=True`` (:func:`lordo_jax.synchronize` and every method with an anchor)
+the anchor, the outer optimizer's state and the compression residual live in host
+memory between syncs: the sync branch moves them with :func:`to_device` and
+:func:`to_host`, and :func:`on_host` tells where an array is placed.
 """
 
 from typing import Any
@@ -31,7 +14,30 @@ HOST_KINDS = ("pinned_host", "unpinned_host")
 
 
 def to_host(tree: Any) -> Any:
-  """Every array of ``tree`` in host memory (``pinned_host``), its sharding kept."""
+  r"""Every array of ``tree`` in host memory (``pinned_host``), its sharding kept.
+
+  The anchor (the parameters at the last sync), the outer optimizer's state (DiLoCo's
+  outer momentum) and the compression residual are read and written once every K steps,
+  at the sync, and never at a local step. With ``offload=True``
+  (:func:`lordo_jax.synchronize` and every method with an anchor) they live in the
+  host's ``pinned_host`` memory, the accelerator holds only what a local step needs, and
+  the sync branch moves them
+
+  .. math::
+    \text{host} \xrightarrow{\ \text{to\_device}\ } \text{device}
+    \xrightarrow{\ \text{sync}\ } \text{device}
+    \xrightarrow{\ \text{to\_host}\ } \text{host}
+
+  inside its ``lax.cond`` branch, so a local step moves nothing. The copies are exact,
+  so results are bit-identical to ``offload=False``. A sync step then transfers the
+  anchor twice over the host link (PCIe on a GPU): ``2 pq`` elements per ``p x q``
+  matrix every K steps, against AdamW's ``2 pq`` resident on the device at every step.
+
+  Placement is a memory kind of the arrays' sharding (``jax.memory.Space.Host``), which
+  ``jit`` and ``shard_map`` honour (their sharding is kept: an anchor split over an FSDP
+  axis stays split in host memory). ``pmap`` places every output on the device, so under
+  ``pmap`` the option changes nothing: use ``shard_map``.
+  """
   return jax.tree.map(lambda x: jax.device_put(x, jax.memory.Space.Host), tree)
 
 

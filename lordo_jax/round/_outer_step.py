@@ -1,22 +1,8 @@
 r"""The outer step of a sync: pseudo-gradient, outer optimizer, synchronised anchor.
 
-At a sync of the leaves in ``fragment`` (one fragment; all leaves without streaming)
-each worker forms its pseudo-gradient from its parameters after the local step,
-
-.. math::
-  \Delta_m = \text{anchor} - \theta_m,
-
-the workers average it to :math:`\Delta` (:mod:`lordo_jax.round._averaging`), and the outer
-optimizer takes a step on it with the anchor as params,
-
-.. math::
-  \theta = \text{anchor} + \text{outer}(\Delta), \qquad \text{anchor} \leftarrow \theta,
-
-for the leaves in ``fragment`` only: the outer optimizer is ``optax.masked`` to the
-fragment, so each fragment has its own outer state (DiLoCo's momentum), advanced at
-its own syncs. The default outer optimizer, ``optax.sgd(1.0)``, makes :math:`\theta`
-the mean of the workers' parameters. Where nobody was present the anchor and the
-outer state are kept.
+Each worker forms its pseudo-gradient (:func:`pseudo_gradient`), the workers average it
+(:mod:`lordo_jax.round._averaging`), and :func:`outer_step` moves the anchor by the outer
+optimizer (:func:`outer_transform`; one state per fragment, :func:`init_outer_states`).
 """
 
 from typing import Any
@@ -53,6 +39,25 @@ def pseudo_gradient(anchor: Any, local_params: Any, fragment: Any) -> Any:
 
 def outer_step(outer, fragment, anchor, delta, outer_state, fraction):
   r"""The anchor and outer state after the outer step on the averaged :math:`\Delta`.
+
+  At a sync of the leaves in ``fragment`` (one fragment; all leaves without streaming)
+  each worker forms its pseudo-gradient from its parameters after the local step
+  (:func:`pseudo_gradient`),
+
+  .. math::
+    \Delta_m = \text{anchor} - \theta_m,
+
+  the workers average it to :math:`\Delta` (:mod:`lordo_jax.round._averaging`), and the
+  outer optimizer takes a step on it with the anchor as params,
+
+  .. math::
+    \theta = \text{anchor} + \text{outer}(\Delta), \qquad \text{anchor} \leftarrow \theta,
+
+  for the leaves in ``fragment`` only: the outer optimizer is ``optax.masked`` to the
+  fragment, so each fragment has its own outer state (DiLoCo's momentum), advanced at
+  its own syncs. The default outer optimizer, ``optax.sgd(1.0)``, makes :math:`\theta`
+  the mean of the workers' parameters. Where nobody was present the anchor and the
+  outer state are kept.
 
   Args:
     outer: the outer optimizer (:func:`outer_transform`).

@@ -1,17 +1,10 @@
 r"""When to synchronise: a fixed period, a schedule of the step, or the learning rate.
 
-``sync_every`` of :func:`lordo_jax.synchronize` (and of every alias built on it) is
-
-* an int K: a sync at the end of steps K, 2K, 3K, ...;
-* a function ``period(step) -> int``, called with the optax step count of a
-  round's first update (0 for the first round, as learning-rate schedules are):
-  the round lasts ``period(step)`` steps. Rounds are laid end to end: a round that
-  starts after ``s`` updates ends with a sync at step :math:`s + H(s)` (1-based), and
-  the next starts there. ``period`` is traced (it must be written with ``jnp``), so a
-  changing period never recompiles the step.
-
-:func:`quadratic_sync_rule` (Gu et al., ICLR 2024) lengthens rounds as the rate
-decays; :func:`sync_steps` lists a period's sync steps on the host.
+``sync_every`` (a :data:`SyncPeriod`: an int or a function of the step) gives each
+round's length (:func:`round_length`). :func:`quadratic_sync_rule` (Gu et al., ICLR
+2024) lengthens rounds as the rate decays; :func:`sync_steps` lists a period's sync
+steps on the host; :func:`fragment_offsets` and :func:`fragment_labels` stagger and split
+the parameters' fragments for streaming.
 """
 
 from collections.abc import Callable
@@ -29,7 +22,21 @@ LONG_FIRST_ROUND = 100  # quadratic_sync_rule warns at a first round this many b
 
 
 def round_length(sync_every: SyncPeriod, step) -> jnp.ndarray:
-  """The length (int32, at least 1) of the round whose first update is ``step``."""
+  r"""The length (int32, at least 1) of the round whose first update is ``step``.
+
+  ``sync_every`` of :func:`lordo_jax.synchronize` (and of every alias built on it) is
+
+  * an int K: a sync at the end of steps K, 2K, 3K, ...;
+  * a function ``period(step) -> int``, called with the optax step count of a
+    round's first update (0 for the first round, as learning-rate schedules are):
+    the round lasts ``period(step)`` steps. Rounds are laid end to end: a round that
+    starts after ``s`` updates ends with a sync at step :math:`s + H(s)` (1-based), and
+    the next starts there. ``period`` is traced (it must be written with ``jnp``), so a
+    changing period never recompiles the step.
+
+  :func:`quadratic_sync_rule` (Gu et al., ICLR 2024) lengthens rounds as the rate
+  decays; :func:`sync_steps` lists a period's sync steps on the host.
+  """
   if isinstance(sync_every, int):
     return jnp.asarray(sync_every, jnp.int32)
   length = jnp.asarray(sync_every(jnp.asarray(step, jnp.int32)))

@@ -1,17 +1,8 @@
 r"""When a round ends: which parameters :func:`lordo_jax.synchronize` syncs at a step.
 
-A sync is decided per fragment of the parameters (one fragment, all of them, without
-streaming). At the optax step count :math:`t` (1-based: the step being taken)
-fragment :math:`f` syncs when
-
-* ``sync_every`` is an int K: :math:`t \bmod K = o_f`, with the staggered offsets
-  :math:`o_f = \lfloor (f + 1) K / F \rfloor \bmod K` of
-  :func:`lordo_jax.round._periods.fragment_offsets` (F = 1: :math:`t \bmod K = 0`);
-* ``sync_every`` is a function of the step (one fragment only): :math:`t = n`, the
-  step that ends the current round, kept in the state as ``next_sync`` and moved on
-  by :func:`next_sync` to :math:`t + H(t)` when the round ends.
-
-The predicates are traced scalars, so a changing period never recompiles the step.
+:func:`fragment_masks` splits the parameters into fragments (one without streaming),
+:func:`sync_predicates` says which fragments sync at a step (:func:`synced_now`: per
+leaf), and :func:`next_sync` moves the round's end on when ``sync_every`` is a function.
 """
 
 from typing import Any
@@ -44,9 +35,19 @@ def fragment_masks(params: Any, fragments) -> list:
 def sync_predicates(sync_every: schedules.SyncPeriod, fragments: int, count, next_sync) -> list:
   r"""Whether each fragment syncs at step ``count``: a bool scalar per fragment.
 
-  With an int K fragment f syncs when :math:`t \bmod K = o_f`; with a period that
-  is a function of the step (``fragments`` is then 1) when :math:`t = n`, the
-  ``next_sync`` of the state. The last predicate is the round's end.
+  A sync is decided per fragment of the parameters (one fragment, all of them, without
+  streaming). At the optax step count :math:`t` (1-based: the step being taken)
+  fragment :math:`f` syncs when
+
+  * ``sync_every`` is an int K: :math:`t \bmod K = o_f`, with the staggered offsets
+    :math:`o_f = \lfloor (f + 1) K / F \rfloor \bmod K` of
+    :func:`lordo_jax.round._periods.fragment_offsets` (F = 1: :math:`t \bmod K = 0`);
+  * ``sync_every`` is a function of the step (``fragments`` is then 1): :math:`t = n`,
+    the step that ends the current round, kept in the state as ``next_sync`` and moved
+    on by :func:`next_sync` to :math:`t + H(t)` when the round ends.
+
+  The last predicate is the round's end. The predicates are traced scalars, so a
+  changing period never recompiles the step.
 
   Args:
     sync_every: K, or the period function.

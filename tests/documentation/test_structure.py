@@ -201,3 +201,14 @@ def test_a_refresh_at_a_sync_reaches_the_projection_method_in_at_most_6_calls(mo
     "strategy.bases_of_mean",
     "svd.compute_fn",
   ]  # 6 calls from synchronize's update to the SVD method's compute
+
+
+MAX_MODULE_DOCSTRING_LINES = 10
+
+
+@pytest.mark.parametrize("path", _sources(), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_a_module_docstring_says_what_the_module_is_for_in_a_few_lines(path):
+  """The mathematics belongs on the public functions, where help() and the API reference
+  show it; a module's docstring says what the module holds."""
+  lines = _docstring_lines(ast.parse(path.read_text()))
+  assert lines <= MAX_MODULE_DOCSTRING_LINES, f"{path.name}: {lines} lines"

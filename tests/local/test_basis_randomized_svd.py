@@ -3,7 +3,7 @@
 (``lordo_jax/local/bases/one_sided_randomized_svd.py``, against
 ``basis_numpy.one_sided_randomized``).
 
-The refresh is checked against the algorithm of the module's docstring written in
+The refresh is checked against the algorithm of ``one_sided_bases``'s docstring written in
 NumPy (float64), fed the same Gaussian sketch (drawn from the key with
 ``jax.random.normal``, the only JAX call in the reference), and its result against
 NumPy's SVD. The workers' refresh is checked to equal the refresh of their mean matrix,

@@ -1,7 +1,7 @@
 """The subspace-iteration strategy (``lordo_jax/local/bases/subspace_iteration.py``).
 
 Its refresh is checked against the iteration written in NumPy (float64) from the
-module's docstring, its convergence against the bound of Golub and Van Loan (Theorem
+docstring of ``iterate``, its convergence against the bound of Golub and Van Loan (Theorem
 8.2.2), and its first basis against NumPy's SVD. Tolerances: float32 bases agree with
 the float64 ones to ``atol=1e-5`` (QR and SVD of well-separated matrices); angles
 carry a float32 floor of ``1e-5`` radians.

@@ -1,23 +1,9 @@
 r"""DCT: the r frequencies of the orthonormal DCT-II basis that score highest.
 
-The columns of the ``n x n`` DCT-II basis are
-:math:`B_{ij} = \sqrt{2/n}\, c_j \cos(\pi (i + 1/2) j / n)`, :math:`c_0 = 1/\sqrt2`,
-:math:`c_j = 1` otherwise. A refresh keeps the r columns that score highest by
-:math:`\lVert B_j^\top X \rVert_2` (left; :math:`\lVert X B_j \rVert_2` on the right),
-in ascending index order. Only the r indices are stored (:class:`DCTBasis`).
-
-Cost, which is what the optimizer pays on every step or every refresh:
-
-* a DCT basis's columns are read from a table of :math:`\cos(\pi k / 2n)`,
-  :math:`k < 4n`, built once per size n (4n floats, in float64 and rounded once);
-  entry ``(i, j)`` is entry :math:`(2i + 1) j \bmod 4n` of it, so a step gathers
-  the ``n x r`` matrix instead of computing ``n r`` cosines;
-* the scores :math:`B^\top X` are products with blocks of 256 columns of B from the
-  same table, so a refresh never holds the ``n x n`` basis (an FFT would be
-  :math:`O(nq \log n)`, but inside the caller's sync branch it made XLA copy whole
-  matrices on every local step);
-* the overlap :math:`Q_\text{new}^\top Q_\text{old}` of two DCT bases is the 0/1
-  matrix of equal frequencies (the columns are orthonormal), with no product.
+:func:`method` is the DCT :class:`~lordo_jax.local.bases.strategy.Method` (its
+docstring has the basis, the refresh and what they cost). A :class:`DCTBasis` stores
+only the r frequencies: :func:`dct_columns` forms their columns, :func:`scores` scores
+every frequency in a refresh, and :func:`overlap` is the change of basis.
 """
 
 import dataclasses
@@ -130,7 +116,28 @@ def overlap(new: DCTBasis, old: DCTBasis) -> jax.Array:
 
 
 def method(options: strategy_lib.Options) -> strategy_lib.Method:
-  """The DCT :class:`~lordo_jax.local.bases.strategy.Method`."""
+  r"""The DCT :class:`~lordo_jax.local.bases.strategy.Method`.
+
+  The columns of the ``n x n`` DCT-II basis are
+  :math:`B_{ij} = \sqrt{2/n}\, c_j \cos(\pi (i + 1/2) j / n)`, :math:`c_0 = 1/\sqrt2`,
+  :math:`c_j = 1` otherwise. A refresh keeps the r columns that score highest by
+  :math:`\lVert B_j^\top X \rVert_2` (left; :math:`\lVert X B_j \rVert_2` on the right),
+  in ascending index order. Only the r indices are stored (:class:`DCTBasis`).
+
+  Cost, which is what the optimizer pays on every step or every refresh:
+
+  * a DCT basis's columns are read from a table of :math:`\cos(\pi k / 2n)`,
+    :math:`k < 4n`, built once per size n (4n floats, in float64 and rounded once);
+    entry ``(i, j)`` is entry :math:`(2i + 1) j \bmod 4n` of it, so a step gathers
+    the ``n x r`` matrix instead of computing ``n r`` cosines (:func:`dct_columns`);
+  * the scores :math:`B^\top X` are products with blocks of 256 columns of B from the
+    same table, so a refresh never holds the ``n x n`` basis (:func:`scores`; an FFT
+    would be :math:`O(nq \log n)`, but inside the caller's sync branch it made XLA copy
+    whole matrices on every local step);
+  * the overlap :math:`Q_\text{new}^\top Q_\text{old}` of two DCT bases is the 0/1
+    matrix of equal frequencies (the columns are orthonormal), with no product
+    (:func:`overlap`).
+  """
 
   def make(p: int, q: int) -> strategy_lib.BasisStrategy:
     left = one_sided.is_left(p, q, options.side)

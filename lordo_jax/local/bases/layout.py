@@ -1,19 +1,12 @@
 r"""Matrices sharded over a mesh's ``Explicit`` axes: whole where an op needs it, and
 state laid out like them.
 
-Under ``jax.shard_map(..., axis_names={worker axis})`` on a mesh whose other axes
-(FSDP, tensor parallelism) have ``Explicit`` type, an array's sharding is part of its
-type, and LAPACK-backed ops (``svd``, ``qr``) refuse a sharded operand.
-:func:`whole` gathers such an operand over those axes inside the worker group (the
-fast links; no message between workers, nothing in the ledger). With ``Auto`` axes,
-or none, it changes nothing: the compiler places the data.
-
-:func:`product` multiplies sharded matrices, summing a split inner dimension inside
-the worker group, and :func:`orthonormal` is a QR that needs no gather of a
-row-split ``n x r`` factor (shifted Cholesky-QR). :func:`spec_of` reads the axes each
-dimension is split over from the type, and
-:func:`zeros` makes a state buffer split the same way, so that ``tx.init`` of a
-sharded parameter gives state sharded like it.
+:func:`whole` gathers an operand that a LAPACK-backed op refuses sharded (its docstring
+says when), :func:`product` multiplies sharded matrices, summing a split inner
+dimension inside the worker group, and :func:`orthonormal` is a QR that needs no gather
+of a row-split ``n x r`` factor (shifted Cholesky-QR). :func:`spec_of` reads the axes
+each dimension is split over from the type, and :func:`zeros` makes a state buffer
+split the same way, so that ``tx.init`` of a sharded parameter gives state sharded like it.
 """
 
 import math
@@ -30,7 +23,15 @@ def is_sharded(x: jax.Array) -> bool:
 
 
 def whole(x: jax.Array) -> jax.Array:
-  """``x`` gathered over the ``Explicit`` axes it is sharded on; else ``x`` itself."""
+  """``x`` gathered over the ``Explicit`` axes it is sharded on; else ``x`` itself.
+
+  Under ``jax.shard_map(..., axis_names={worker axis})`` on a mesh whose other axes
+  (FSDP, tensor parallelism) have ``Explicit`` type, an array's sharding is part of its
+  type, and LAPACK-backed ops (``svd``, ``qr``) refuse a sharded operand. This gathers
+  such an operand over those axes inside the worker group (the fast links; no message
+  between workers, nothing in the ledger). With ``Auto`` axes, or none, it changes
+  nothing: the compiler places the data.
+  """
   if not is_sharded(x):
     return x
   return jax.sharding.reshard(x, PartitionSpec())

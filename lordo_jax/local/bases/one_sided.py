@@ -1,17 +1,9 @@
 r"""What every one-sided basis shares: its side, and the products with its matrix Q.
 
-For a ``p x q`` matrix, MATH.md §2 projects on the *left* (Q is ``p x r``) when
-``p >= q`` with ``side="auto"``, else on the *right* (Q is ``q x r``); ``"galore_std"``
-reverses that for rectangular matrices (:func:`is_left`):
-
-.. math::
-  \text{left: } c = Q^\top A \ (r \times q),\ A \approx Q c, \qquad
-  \text{right: } c = A Q \ (p \times r),\ A \approx c Q^\top
-
-so every product is a plain row-major matrix product of the leaf's own matrix (no
-transpose of it, which ran 2x slower on XLA's CPU matmul). A change of basis
-:math:`R = Q_\text{new}^\top Q_\text{old}` acts on coordinates as ``R c`` on the
-left and ``c R^T`` on the right.
+:func:`is_left` picks the side (MATH.md §2), :func:`strategy` makes the
+:class:`~lordo_jax.local.bases.strategy.BasisStrategy` of a ``p x q`` matrix (its
+docstring has the products with Q), and :func:`dense_method` makes the
+:class:`~lordo_jax.local.bases.strategy.Method` of a basis stored as its matrix.
 """
 
 import jax
@@ -64,7 +56,20 @@ def strategy(
   overlap=lambda new, old: layout.whole(new).T @ layout.whole(old),
   stored_split: bool = True,
 ) -> strategy_lib.BasisStrategy:
-  """The one-sided :class:`~lordo_jax.local.bases.strategy.BasisStrategy` of a ``p x q`` matrix.
+  r"""The one-sided :class:`~lordo_jax.local.bases.strategy.BasisStrategy` of a ``p x q`` matrix.
+
+  For a ``p x q`` matrix, MATH.md §2 projects on the *left* (Q is ``p x r``) when
+  ``p >= q`` with ``side="auto"``, else on the *right* (Q is ``q x r``); ``"galore_std"``
+  reverses that for rectangular matrices (:func:`is_left`, which gives ``left``):
+
+  .. math::
+    \text{left: } c = Q^\top A \ (r \times q),\ A \approx Q c, \qquad
+    \text{right: } c = A Q \ (p \times r),\ A \approx c Q^\top
+
+  so every product is a plain row-major matrix product of the leaf's own matrix (no
+  transpose of it, which ran 2x slower on XLA's CPU matmul). A change of basis
+  :math:`R = Q_\text{new}^\top Q_\text{old}` acts on coordinates as ``R c`` on the
+  left and ``c R^T`` on the right.
 
   ``init``, ``compute``, ``first``, ``dense`` and ``overlap`` are the method's own;
   the products with Q and the shapes follow from the side. With ``stored_split`` the

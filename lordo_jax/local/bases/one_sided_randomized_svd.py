@@ -1,41 +1,10 @@
 r"""One-sided randomized SVD: Q from a Gaussian sketch, the range finder's l columns
-cut to the r that matter.
+cut to the r that matter (Halko, Martinsson and Tropp, 2011).
 
-For the left case (Q is ``p x r``), with the range finder of
-:func:`lordo_jax.local.bases.randomized_svd.ranges` (a ``q x l`` sketch :math:`\Omega`,
-:math:`l = r + \text{oversample}` capped at :math:`\min(p, q)`, k power iterations):
-
-.. math::
-  Y = X \Omega,\ Q_l = \mathrm{qr}(Y); \quad
-  \text{k times: } Q_l = \mathrm{qr}(X\, \mathrm{qr}(X^\top Q_l)); \quad
-  B = Q_l^\top X = U_B \Sigma V_B^\top, \quad Q = Q_l U_B[:, :r]
-
-with canonical signs. The right case (Q is ``q x r``) is the left case of
-:math:`X^\top`: a ``p x l`` sketch, :math:`Y = X^\top \Omega`, and
-:math:`B = Q_l^\top X^\top = (X Q_l)^\top` (formed as :math:`X Q_l`, never
-transposing X). Q approximates the top-r singular vectors of X, exactly when X has
-rank at most l; cost :math:`O(pql)` per pass against an SVD's :math:`O(pq\min(p, q))`.
-
-:math:`U_B` comes from the SVD of the core B itself, not from the eigenvectors of its
-``l x l`` Gram :math:`B B^\top`: the Gram squares the singular values, so in float32
-its top-r eigenvectors would err by about
-:math:`\epsilon\,\sigma_1^2 / (\sigma_r^2 - \sigma_{r+1}^2)` instead of
-:math:`\epsilon\,\sigma_1 / (\sigma_r - \sigma_{r+1})`, a factor
-:math:`\sigma_1 / (\sigma_r + \sigma_{r+1})` worse. B is only ``l x q`` (``l x p`` on
-the right), so where X is split over a worker group's ``Explicit`` mesh axes,
-gathering B for its SVD is cheap. Every product with X goes through
-:func:`lordo_jax.local.bases.layout.product` and every ``n x l`` factor through
-:func:`lordo_jax.local.bases.layout.orthonormal` (shifted Cholesky-QR when split by rows, which
-needs the factor well conditioned: a failed refresh keeps the previous basis), so
-nothing ``p x q`` is gathered.
-
-Every product with X is linear in X: the bases of the workers' mean matrix come from
-the workers' averaged products (:func:`one_sided_bases` with a ``mean``), ``n x l``
-messages instead of the ``p x q`` matrix, as for the two-sided method.
-
-References:
-  Halko, Martinsson and Tropp, Finding structure with randomness, 2011
-  (arXiv 0909.4061), algorithms 4.4 and 5.1.
+:func:`one_sided_bases` computes the bases of several matrices, or of the workers'
+mean from averaged products (its docstring has the algorithm, its accuracy, its cost
+and the references); :func:`method` is the one-sided randomized-SVD
+:class:`~lordo_jax.local.bases.strategy.Method`.
 """
 
 import jax
@@ -57,7 +26,39 @@ def one_sided_bases(
   power_iterations: int,
   mean: strategy_lib.Mean = lambda xs: xs,
 ) -> list[jax.Array]:
-  """One-sided randomized SVD bases of several matrices at once (the module docstring).
+  r"""One-sided randomized SVD bases of several matrices at once.
+
+  For the left case (Q is ``p x r``), with the range finder of
+  :func:`lordo_jax.local.bases.randomized_svd.ranges` (a ``q x l`` sketch :math:`\Omega`,
+  :math:`l = r + \text{oversample}` capped at :math:`\min(p, q)`, k power iterations):
+
+  .. math::
+    Y = X \Omega,\ Q_l = \mathrm{qr}(Y); \quad
+    \text{k times: } Q_l = \mathrm{qr}(X\, \mathrm{qr}(X^\top Q_l)); \quad
+    B = Q_l^\top X = U_B \Sigma V_B^\top, \quad Q = Q_l U_B[:, :r]
+
+  with canonical signs. The right case (Q is ``q x r``) is the left case of
+  :math:`X^\top`: a ``p x l`` sketch, :math:`Y = X^\top \Omega`, and
+  :math:`B = Q_l^\top X^\top = (X Q_l)^\top` (formed as :math:`X Q_l`, never
+  transposing X). Q approximates the top-r singular vectors of X, exactly when X has
+  rank at most l; cost :math:`O(pql)` per pass against an SVD's :math:`O(pq\min(p, q))`.
+
+  :math:`U_B` comes from the SVD of the core B itself, not from the eigenvectors of its
+  ``l x l`` Gram :math:`B B^\top`: the Gram squares the singular values, so in float32
+  its top-r eigenvectors would err by about
+  :math:`\epsilon\,\sigma_1^2 / (\sigma_r^2 - \sigma_{r+1}^2)` instead of
+  :math:`\epsilon\,\sigma_1 / (\sigma_r - \sigma_{r+1})`, a factor
+  :math:`\sigma_1 / (\sigma_r + \sigma_{r+1})` worse. B is only ``l x q`` (``l x p`` on
+  the right), so where X is split over a worker group's ``Explicit`` mesh axes,
+  gathering B for its SVD is cheap. Every product with X goes through
+  :func:`lordo_jax.local.bases.layout.product` and every ``n x l`` factor through
+  :func:`lordo_jax.local.bases.layout.orthonormal` (shifted Cholesky-QR when split by
+  rows, which needs the factor well conditioned: a failed refresh keeps the previous
+  basis), so nothing ``p x q`` is gathered.
+
+  Every product with X is linear in X: the bases of the workers' mean matrix come from
+  the workers' averaged products (this function with a ``mean``), ``n x l`` messages
+  instead of the ``p x q`` matrix, as for the two-sided method.
 
   Args:
     matrices: ``p x q`` matrices (each worker's own, when ``mean`` averages).
@@ -81,6 +82,10 @@ def one_sided_bases(
     >>> (q,) = one_sided_bases([x], 1, keys, [True], oversample=2, power_iterations=1)
     >>> bool(jnp.allclose(q[:, 0], column / jnp.linalg.norm(column), atol=1e-5))
     True
+
+  References:
+    Halko, Martinsson and Tropp, Finding structure with randomness, 2011
+    (arXiv 0909.4061), algorithms 4.4 and 5.1.
   """
   xs = [x.astype(jnp.float32) for x in matrices]
   sketched = dict(rank=rank, oversample=oversample, power_iterations=power_iterations, mean=mean)

@@ -2,12 +2,8 @@ r"""Randomized SVD (Halko, Martinsson and Tropp, 2011): bases from sketches.
 
 :func:`ranges` is the range finder (its docstring has the sketch and the power
 iterations); :func:`randomized_bases` makes the two-sided bases from it, and averages
-only sketches when the workers' mean is needed (its docstring says how);
-:mod:`lordo_jax.local.bases.one_sided_randomized_svd` keeps one side.
-
-References:
-  Halko, Martinsson and Tropp, Finding structure with randomness, 2011
-  (arXiv 0909.4061).
+only sketches when the workers' mean is needed (its docstring says how, and has the
+references); :mod:`lordo_jax.local.bases.one_sided_randomized_svd` keeps one side.
 """
 
 import jax
@@ -128,6 +124,10 @@ def randomized_bases(
   Returns:
     One :class:`~lordo_jax.local.bases.two_sided.TwoSidedBasis` per matrix (not yet
     checked for finiteness).
+
+  References:
+    Halko, Martinsson and Tropp, Finding structure with randomness, 2011
+    (arXiv 0909.4061).
   """
   xs = [x.astype(jnp.float32) for x in matrices]
   sketched = dict(rank=rank, oversample=oversample, power_iterations=power_iterations, mean=mean)

@@ -1,26 +1,10 @@
 r"""The basis strategy: one projection method, for one ``p x q`` matrix, as a value.
 
-Low-rank Adam (:mod:`lordo_jax.local._low_rank_adam`) keeps each matrix's moments in the
-coordinates of a basis, and only asks the basis a few things. A
-:class:`BasisStrategy` answers them for one matrix (its shape, rank and side are
-known when it is made):
-
-.. math::
-  c = \mathrm{project}(Q, A), \qquad A \approx \mathrm{unproject}(Q, c), \qquad
-  (Q', \mathrm{ok}) = \mathrm{compute}(X, Q, \mathrm{key}), \qquad
-  R = \mathrm{overlap}(Q', Q)
-
-and ``carry(R, c)`` applies the change of basis R to coordinates (``R c`` on the
-left, ``c R^T`` on the right, ``R_U c R_V^T`` two-sided), which is all the
-``rotate`` transport needs. A :class:`Method` makes the strategy of every matrix
-shape, and computes the bases of the workers' mean of several matrices at once
-given a ``mean`` function (the strategies never communicate: the caller's ``mean``
-does). Adding a projection method is adding one file that returns a
-:class:`Method`, and one line in :mod:`lordo_jax.local.bases`.
-
-Every refresh keeps the previous basis where its result is not finite
-(``ok=False``). Bases have canonical signs: each column's largest-magnitude entry is
-positive, so every worker and any reference agree on the basis, not only its span.
+:class:`BasisStrategy` is what low-rank Adam (:mod:`lordo_jax.local._low_rank_adam`)
+asks of one matrix's basis (its docstring has the interface and the rules every basis
+keeps); a :class:`Method` makes the strategy of every matrix shape and the bases of the
+workers' mean, and :class:`Options` holds what methods read. :func:`canonical_signs`,
+:func:`checked` and :func:`bases_of_mean` are helpers the methods share.
 """
 
 from collections.abc import Callable
@@ -38,7 +22,29 @@ Basis = Any  # Q (an array), a DCTBasis, or a TwoSidedBasis (U and V).
 
 
 class BasisStrategy(Protocol):
-  """How one ``p x q`` matrix is projected: its basis's kind, side and shapes.
+  r"""How one ``p x q`` matrix is projected: its basis's kind, side and shapes.
+
+  Low-rank Adam (:mod:`lordo_jax.local._low_rank_adam`) keeps each matrix's moments in
+  the coordinates of a basis, and only asks the basis a few things. A
+  :class:`BasisStrategy` answers them for one matrix (its shape, rank and side are
+  known when it is made):
+
+  .. math::
+    c = \mathrm{project}(Q, A), \qquad A \approx \mathrm{unproject}(Q, c), \qquad
+    (Q', \mathrm{ok}) = \mathrm{compute}(X, Q, \mathrm{key}), \qquad
+    R = \mathrm{overlap}(Q', Q)
+
+  and ``carry(R, c)`` applies the change of basis R to coordinates (``R c`` on the
+  left, ``c R^T`` on the right, ``R_U c R_V^T`` two-sided), which is all the
+  ``rotate`` transport needs. A :class:`Method` makes the strategy of every matrix
+  shape, and computes the bases of the workers' mean of several matrices at once
+  given a ``mean`` function (the strategies never communicate: the caller's ``mean``
+  does). Adding a projection method is adding one file that returns a
+  :class:`Method`, and one line in :mod:`lordo_jax.local.bases`.
+
+  Every refresh keeps the previous basis where its result is not finite
+  (``ok=False``). Bases have canonical signs: each column's largest-magnitude entry is
+  positive, so every worker and any reference agree on the basis, not only its span.
 
   Implemented by :class:`StrategyFunctions` (one per matrix, made by a
   :class:`Method`). ``exact`` is ``None`` or, for a run's first basis, a ``compute``

@@ -1,13 +1,8 @@
 r"""Subspace iteration: the SVD subspace, approached from the previous basis.
 
-Warm-started from the previous Q, ``subspace_iterations`` times
-
-.. math::
-  Q \leftarrow \mathrm{qr}\bigl(X (X^\top Q)\bigr).Q \ \text{(left)}, \qquad
-  Q \leftarrow \mathrm{qr}\bigl(X^\top (X Q)\bigr).Q \ \text{(right)}
-
-then canonical signs; :math:`O(nqr)` per iteration instead of an SVD's. A run's
-first basis has no previous one to start from: it is an exact SVD
+:func:`iterate` refines the previous Q (its docstring has the iteration, :math:`O(nqr)`
+each instead of an SVD's); :func:`method` is the subspace-iteration
+:class:`~lordo_jax.local.bases.strategy.Method`, whose first basis is an exact SVD
 (:mod:`lordo_jax.local.bases.svd`).
 """
 
@@ -21,7 +16,17 @@ from lordo_jax.local.bases import svd
 
 
 def iterate(x: jax.Array, q: jax.Array, iterations: int, left: bool) -> jax.Array:
-  """``iterations`` steps of subspace iteration from ``q``, then canonical signs."""
+  r"""``iterations`` steps of subspace iteration from ``q``, then canonical signs.
+
+  Warm-started from the previous Q, ``iterations`` (the option
+  ``subspace_iterations``) times
+
+  .. math::
+    Q \leftarrow \mathrm{qr}\bigl(X (X^\top Q)\bigr).Q \ \text{(left)}, \qquad
+    Q \leftarrow \mathrm{qr}\bigl(X^\top (X Q)\bigr).Q \ \text{(right)}
+
+  then canonical signs; :math:`O(nqr)` per iteration instead of an SVD's.
+  """
   for _ in range(iterations):
     if left:
       y = layout.product(x, layout.product(x.T, q))
@@ -32,7 +37,11 @@ def iterate(x: jax.Array, q: jax.Array, iterations: int, left: bool) -> jax.Arra
 
 
 def method(options: strategy_lib.Options) -> strategy_lib.Method:
-  """The subspace-iteration :class:`~lordo_jax.local.bases.strategy.Method`."""
+  """The subspace-iteration :class:`~lordo_jax.local.bases.strategy.Method`.
+
+  Each refresh is :func:`iterate` from the previous basis. A run's first basis has no
+  previous one to start from: it is an exact SVD (:mod:`lordo_jax.local.bases.svd`).
+  """
 
   def compute(left: bool):
     def compute_fn(x, previous, key):

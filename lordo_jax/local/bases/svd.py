@@ -1,13 +1,8 @@
 r"""One-sided SVD: Q is the first r singular vectors of X on the projected side.
 
-.. math::
-  X = U \Sigma V^\top, \qquad Q = U_{:, :r} \ \text{(left)}, \quad Q = V_{:, :r}
-  \ \text{(right)}
-
-ordered by singular value, with canonical signs, in float32 whatever the
-parameter dtype. The right case takes the right singular vectors of X itself, not
-the left ones of its transpose (a transpose inside the caller's sync branch made XLA
-copy whole matrices on every local step).
+:func:`top_singular_vectors` computes Q (its docstring has the definition),
+:func:`compute` is the refresh of one side, and :func:`method` the one-sided SVD
+:class:`~lordo_jax.local.bases.strategy.Method`.
 """
 
 import jax
@@ -19,7 +14,17 @@ from lordo_jax.local.bases import strategy as strategy_lib
 
 
 def top_singular_vectors(x: jax.Array, rank: int, left: bool) -> jax.Array:
-  """The first ``rank`` left (or right) singular vectors of ``x``, canonical signs."""
+  r"""The first ``rank`` left (or right) singular vectors of ``x``, canonical signs.
+
+  .. math::
+    X = U \Sigma V^\top, \qquad Q = U_{:, :r} \ \text{(left)}, \quad Q = V_{:, :r}
+    \ \text{(right)}
+
+  ordered by singular value, with canonical signs, in float32 whatever the parameter
+  dtype (:func:`compute` casts ``x``). The right case takes the right singular vectors
+  of X itself, not the left ones of its transpose (a transpose inside the caller's sync
+  branch made XLA copy whole matrices on every local step).
+  """
   u, _, vh = jnp.linalg.svd(layout.whole(x), full_matrices=False)  # Gathers a split x.
   return strategy_lib.canonical_signs(u[:, :rank] if left else vh[:rank].T)
 

@@ -1,13 +1,9 @@
 r"""What every two-sided basis shares: U and V, and the ``r x r`` core between them.
 
-For a ``p x q`` matrix with orthonormal U (``p x r``) and V (``q x r``):
-
-.. math::
-  C = U^\top A V \quad (r \times r), \qquad A \approx U C V^\top
-
-A change of bases is the pair :math:`R_U = U_\text{new}^\top U_\text{old}`,
-:math:`R_V = V_\text{new}^\top V_\text{old}`, and acts on a core as
-:math:`R_U C R_V^\top` (LDAdam's rule on both sides).
+:class:`TwoSidedBasis` holds U and V; :func:`strategy` makes the
+:class:`~lordo_jax.local.bases.strategy.BasisStrategy` of a ``p x q`` matrix (its
+docstring has the core and the change of bases) from :func:`project`,
+:func:`unproject`, :func:`overlap` and :func:`carry`.
 """
 
 from typing import NamedTuple
@@ -61,7 +57,16 @@ def init(p: int, q: int, rank: int):
 
 
 def strategy(p: int, q: int, rank: int, compute) -> strategy_lib.BasisStrategy:
-  """The two-sided :class:`~lordo_jax.local.bases.strategy.BasisStrategy` of a ``p x q`` matrix.
+  r"""The two-sided :class:`~lordo_jax.local.bases.strategy.BasisStrategy` of a ``p x q`` matrix.
+
+  For a ``p x q`` matrix with orthonormal U (``p x r``) and V (``q x r``):
+
+  .. math::
+    C = U^\top A V \quad (r \times r), \qquad A \approx U C V^\top
+
+  A change of bases is the pair :math:`R_U = U_\text{new}^\top U_\text{old}`,
+  :math:`R_V = V_\text{new}^\top V_\text{old}`, and acts on a core as
+  :math:`R_U C R_V^\top` (LDAdam's rule on both sides).
 
   ``side`` is ``"left"``: the full-rank scale of a core is a scalar, and has no side.
   """
