@@ -70,8 +70,9 @@ def quasi_hyperbolic_mix(
   return (1 - omega) * (gradient / (mu * scale)) + omega * low_rank_direction
 
 
-def qh_momentum(gradient: jax.Array, first_moment: jax.Array, nu) -> jax.Array:
-  r"""QHAdam's numerator :math:`(1 - \nu) g + \nu \hat m`; ``first_moment`` itself when nu is 1.
+def qh_momentum(gradient: jax.Array, first_moment: jax.Array, qh_nu) -> jax.Array:
+  r"""QHAdam's numerator :math:`(1 - \nu) g + \nu \hat m`; ``first_moment`` itself at
+  :math:`\nu` = ``qh_nu`` = 1.
 
   Divided by :math:`\sqrt{\hat v} + \epsilon` it is QHAdam's direction;
   :math:`\nu = 1` is Adam. :func:`scale_by_qhadam` applies it to whole leaves, and
@@ -81,18 +82,19 @@ def qh_momentum(gradient: jax.Array, first_moment: jax.Array, nu) -> jax.Array:
   Args:
     gradient: g (or the low-rank coordinates c).
     first_moment: :math:`\hat m`, the bias-corrected first moment, shaped like g.
-    nu: the weight of the first moment, in [0, 1] (a number or an array).
+    qh_nu: :math:`\nu`, the weight of the first moment, in [0, 1] (a number or an
+      array).
 
   Returns:
     The numerator, shaped like g.
   """
-  if isinstance(nu, numbers.Real) and nu == 1:
+  if isinstance(qh_nu, numbers.Real) and qh_nu == 1:
     return first_moment
-  return (1 - nu) * gradient + nu * first_moment
+  return (1 - qh_nu) * gradient + qh_nu * first_moment
 
 
 def scale_by_qhadam(
-  b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8, nu: float = 0.7
+  b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8, qh_nu: float = 0.7
 ) -> optax.GradientTransformation:
   r"""QHAdam: Adam whose numerator mixes the gradient with the first moment.
 
@@ -108,7 +110,7 @@ def scale_by_qhadam(
 
   Args:
     b1, b2, eps: Adam's decay rates and denominator offset.
-    nu: QHAdam's immediate discount :math:`\nu`, the weight of the first moment.
+    qh_nu: QHAdam's immediate discount :math:`\nu`, the weight of the first moment.
 
   Returns:
     An ``optax.GradientTransformation``.
@@ -116,7 +118,7 @@ def scale_by_qhadam(
   Examples:
     >>> import jax.numpy as jnp
     >>> from lordo_jax.local import _quasi_hyperbolic as quasi_hyperbolic
-    >>> tx = quasi_hyperbolic.scale_by_qhadam(nu=0.5)
+    >>> tx = quasi_hyperbolic.scale_by_qhadam(qh_nu=0.5)
     >>> grads = {"b": jnp.array([1.0, -2.0])}
     >>> updates, state = tx.update(grads, tx.init(grads))
     >>> updates["b"].round(4)  # step 1: m_hat = g, sqrt(v_hat) = |g|
@@ -133,14 +135,14 @@ def scale_by_qhadam(
 
   def update_fn(updates, state, params=None):
     del params
-    first = optax.tree.update_moment(updates, state.mu, b1, 1)
-    second = optax.tree.update_moment_per_elem_norm(updates, state.nu, b2, 2)
+    mu = optax.tree.update_moment(updates, state.mu, b1, 1)
+    nu = optax.tree.update_moment_per_elem_norm(updates, state.nu, b2, 2)
     count = optax.safe_int32_increment(state.count)
-    first_hat = optax.tree.bias_correction(first, b1, count)
-    second_hat = optax.tree.bias_correction(second, b2, count)
+    mu_hat = optax.tree.bias_correction(mu, b1, count)
+    nu_hat = optax.tree.bias_correction(nu, b2, count)
     directions = jax.tree.map(
-      lambda g, m, v: qh_momentum(g, m, nu) / (jnp.sqrt(v) + eps), updates, first_hat, second_hat
+      lambda g, m, v: qh_momentum(g, m, qh_nu) / (jnp.sqrt(v) + eps), updates, mu_hat, nu_hat
     )
-    return directions, optax.ScaleByAdamState(count=count, mu=first, nu=second)
+    return directions, optax.ScaleByAdamState(count=count, mu=mu, nu=nu)
 
   return optax.GradientTransformation(init_fn, update_fn)

@@ -42,8 +42,8 @@ def adamw(learning_rate, b1, b2, eps, weight_decay) -> optax.GradientTransformat
   return _decoupled(full_rank_adam(b1, b2, eps), learning_rate, weight_decay)
 
 
-def full_rank_adam(b1, b2, eps, nu=1.0) -> optax.GradientTransformation:
-  r"""``optax.scale_by_adam`` (``nu`` = 1), else QHAdam; moments in float32.
+def full_rank_adam(b1, b2, eps, qh_nu=1.0) -> optax.GradientTransformation:
+  r"""``optax.scale_by_adam`` (``qh_nu`` = 1), else QHAdam; moments in float32.
 
   QHAdam is :func:`lordo_jax.local._quasi_hyperbolic.scale_by_qhadam`; its state is Adam's.
   Its direction, on the full-rank path with ``full_rank_nu`` :math:`= \nu < 1`:
@@ -51,10 +51,10 @@ def full_rank_adam(b1, b2, eps, nu=1.0) -> optax.GradientTransformation:
   .. math::
     \frac{(1 - \nu)\, g + \nu \hat u}{\sqrt{\hat v} + \epsilon}
   """
-  if isinstance(nu, numbers.Real) and nu == 1:
+  if isinstance(qh_nu, numbers.Real) and qh_nu == 1:
     adam = optax.scale_by_adam(b1=b1, b2=b2, eps=eps)
   else:
-    adam = quasi_hyperbolic.scale_by_qhadam(b1=b1, b2=b2, eps=eps, nu=nu)
+    adam = quasi_hyperbolic.scale_by_qhadam(b1=b1, b2=b2, eps=eps, qh_nu=qh_nu)
   return precision.in_float32(adam)
 
 

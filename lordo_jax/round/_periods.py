@@ -127,10 +127,10 @@ def warn_if_first_round_never_ends(sync_every: SyncPeriod, name: str) -> None:
   steps or more: a rule that (by a rate of 0 at step 0, say) never syncs."""
   if not callable(sync_every):
     return
-  first = _on_the_host(lambda: int(np.asarray(round_length(sync_every, 0))))
-  if first is not None and first >= LONGEST_FIRST_ROUND:
+  first_round = _on_the_host(lambda: int(np.asarray(round_length(sync_every, 0))))
+  if first_round is not None and first_round >= LONGEST_FIRST_ROUND:
     checks.warn(
-      f"{name}: sync_every gives a first round of {first:,} steps: the workers will "
+      f"{name}: sync_every gives a first round of {first_round:,} steps: the workers will "
       "not synchronise before that step. Check the rule at step 0 (a learning rate "
       "of 0 at the start of a warmup makes quadratic_sync_rule's rounds endless: "
       "pass its warmup_steps)."

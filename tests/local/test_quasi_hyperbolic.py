@@ -31,7 +31,7 @@ def run(tx):
 
 def test_nu_one_is_optax_adam_bit_for_bit():
   adam, adam_state = run(optax.scale_by_adam())
-  qhadam, qhadam_state = run(quasi_hyperbolic.scale_by_qhadam(nu=1.0))
+  qhadam, qhadam_state = run(quasi_hyperbolic.scale_by_qhadam(qh_nu=1.0))
   pairs = zip(
     jax.tree.leaves((adam, adam_state)), jax.tree.leaves((qhadam, qhadam_state)), strict=True
   )
@@ -41,7 +41,7 @@ def test_nu_one_is_optax_adam_bit_for_bit():
 
 @pytest.mark.parametrize("nu", [0.0, 0.7])
 def test_matches_the_reference_full_rank_path(nu):
-  directions, state = run(quasi_hyperbolic.scale_by_qhadam(b1=0.8, b2=0.99, eps=1e-6, nu=nu))
+  directions, state = run(quasi_hyperbolic.scale_by_qhadam(b1=0.8, b2=0.99, eps=1e-6, qh_nu=nu))
   assert isinstance(state, optax.ScaleByAdamState)  # averaged by synchronize as Adam's
   assert int(state.count) == STEPS
   cfg = ref.Config(learning_rate=1.0, rank=1, sync_every=1, b1=0.8, b2=0.99, eps=1e-6)
