@@ -212,3 +212,22 @@ def test_a_module_docstring_says_what_the_module_is_for_in_a_few_lines(path):
   show it; a module's docstring says what the module holds."""
   lines = _docstring_lines(ast.parse(path.read_text()))
   assert lines <= MAX_MODULE_DOCSTRING_LINES, f"{path.name}: {lines} lines"
+
+
+def module_graph() -> dict[str, set[str]]:
+  """:func:`_import_graph` without a module's edges to its own packages: Python runs a
+  package's ``__init__`` before any of its modules, so those are not import cycles."""
+  return {
+    module: {m for m in imports if m != module and not module.startswith(m + ".")}
+    for module, imports in _import_graph().items()
+  }
+
+
+def test_no_module_imports_itself_through_others():
+  graph = module_graph()
+  assert not [m for m in graph if m in reachable(graph, m)]
+
+
+def test_the_cycle_check_sees_a_cycle():
+  graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+  assert [m for m in graph if m in reachable(graph, m)] == ["a", "b", "c"]
