@@ -76,3 +76,75 @@ def collectives_by_depth(hlo_text: str, op: str = "all-reduce") -> dict[int, lis
 
   visit(entry, 0)
   return found
+
+
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = .*?\b([a-z][\w\-]*)\((.*)$")
+_PARAMETER = re.compile(r"\bparameter\((\d+)\)")
+
+
+def _operands(call_text: str) -> list[str]:
+  """The ``%names`` inside the operand list that starts ``call_text`` (up to its ``)``)."""
+  depth, end = 1, len(call_text)
+  for at, char in enumerate(call_text):
+    depth += {"(": 1, ")": -1}.get(char, 0)
+    if depth == 0:
+      end = at
+      break
+  return re.findall(r"%([\w.\-]+)", call_text[:end])
+
+
+def _entry(hlo_text: str) -> list[str]:
+  """The instruction lines of a module's entry computation."""
+  lines, inside = [], False
+  for line in hlo_text.splitlines():
+    if line.startswith("ENTRY "):
+      inside = True
+    elif inside and line.startswith("}"):
+      break
+    elif inside:
+      lines.append(line)
+  return lines
+
+
+def collective_inputs(hlo_text: str, op: str = "all-reduce") -> list[set[int]]:
+  """For each ``op`` at the top level of a compiled module's entry computation, the
+  entry parameters (their numbers) it depends on, directly or through any instruction.
+
+  A collective can overlap the compute of its step only if it is at the top level (not
+  in a conditional's branch or a loop's body) and depends on no parameter computed
+  this step (the step's gradients or parameters): :func:`overlappable`.
+  """
+  inputs: dict[str, list[str]] = {}
+  parameters: dict[str, int] = {}
+  collectives = []
+  for line in _entry(hlo_text):
+    match = _INSTRUCTION.match(line)
+    if not match:
+      continue
+    name, opcode, rest = match.groups()
+    inputs[name] = _operands(rest)
+    number = _PARAMETER.search(line)
+    if opcode == "parameter" and number:
+      parameters[name] = int(number.group(1))
+    if opcode in (op, f"{op}-start"):
+      collectives.append(name)
+
+  def reached(name: str) -> set[int]:
+    seen, todo = set(), [name]
+    while todo:
+      for operand in inputs.get(todo.pop(), ()):
+        if operand not in seen:
+          seen.add(operand)
+          todo.append(operand)
+    return {parameters[n] for n in seen if n in parameters}
+
+  return [reached(name) for name in collectives]
+
+
+def overlappable(hlo_text: str, computed_this_step: set[int], op: str = "all-reduce") -> bool:
+  """Whether every ``op`` of the program could run under its step's compute: each one
+  at the top level of the entry computation (none in a conditional or a loop) and
+  none depending on the entry parameters ``computed_this_step``."""
+  top = collective_inputs(hlo_text, op)
+  everywhere = len(re.findall(rf"= [^=]*? {op}(?:-start)?\(", hlo_text))
+  return everywhere == len(top) > 0 and not any(reads & computed_this_step for reads in top)
