@@ -6,8 +6,8 @@ boundary t0 lands tau steps later (``tau`` in 1..K-1, merges ``"rebase"`` and
 and ``"delayed"``); ``tau == 0`` is the plain round. The inner step is SGD or Adam on
 whole leaves (the low-rank step and the basis refresh are the plain round's, in
 ``lordo_reference``), the moments are averaged at every sync, and the outer step is
-plain averaging (``outer(D) = D``) or Nesterov SGD (DiLoCo). Chunking does not change
-the values without a codec, so the reference sends each message whole.
+plain averaging (an update of ``-D``) or Nesterov SGD (DiLoCo), as in MATH.md §4.3.
+Chunking does not change the values without a codec: each message is sent whole.
 """
 
 import dataclasses
@@ -53,7 +53,8 @@ def _inner_step(s: Setup, w: Worker, g: np.ndarray, t: int) -> None:
 
 
 def _outer(s: Setup, anchor, momentum, delta):
-  """``(new anchor, new momentum)``: ``anchor - outer(delta)``, optax.sgd's Nesterov."""
+  """``(new anchor, new momentum)``: ``anchor + outer(delta)``, with ``outer`` the update
+  of ``optax.sgd`` (Nesterov when it has momentum)."""
   momentum = s.outer_momentum * momentum + delta
   step = delta + s.outer_momentum * momentum if s.outer_momentum else momentum
   return anchor - s.outer_learning_rate * step, momentum
