@@ -61,6 +61,7 @@ def local_adam(
   adam, round_options = _split(who, options)
   return sync.synchronize(
     local_step.adamw(learning_rate, **adam),
+    moment_decays=(adam["b1"], adam["b2"]),
     sync_every=sync_every,
     axis_name=axis_name,
     first_moment_every=1,
@@ -143,6 +144,7 @@ def desloc(
     second_moment_every = 6 * sync_every
   return sync.synchronize(
     local_step.adamw(learning_rate, **adam),
+    moment_decays=(adam["b1"], adam["b2"]),
     sync_every=sync_every,
     axis_name=axis_name,
     first_moment_every=_period_in_syncs(who, "first_moment_every", first_moment_every, sync_every),
@@ -209,6 +211,7 @@ def diloco(
   outer = optax.sgd(outer_learning_rate, momentum=outer_momentum, nesterov=nesterov)
   return sync.synchronize(
     local_step.adamw(learning_rate, **adam),
+    moment_decays=(adam["b1"], adam["b2"]),
     sync_every=sync_every,
     axis_name=axis_name,
     outer_optimizer=outer,

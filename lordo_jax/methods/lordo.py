@@ -114,6 +114,7 @@ def lordo(
     second_moment_every=sync_moments_every,
     low_rank=low_rank,
     init_projection="gradient" if init_projection == "gradient" else None,
+    moment_decays=(step.b1, step.b2),
     name=who,
     **options_lib.round_options(options),
   )

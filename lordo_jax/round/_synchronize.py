@@ -29,6 +29,7 @@ from lordo_jax.round import _faults as faults_lib
 from lordo_jax.round import _moment_averaging as moment_averaging
 from lordo_jax.round import _offload as offload_lib
 from lordo_jax.round import _outer_step as outer_lib
+from lordo_jax.round import _overlap as overlap_lib
 from lordo_jax.round import _periods as schedules
 from lordo_jax.round import _schedule as round_schedule
 from lordo_jax.round._faults import FaultCounts
@@ -82,6 +83,21 @@ class RoundOptions:
     ":func:`lordo_jax.synchronize`).",
     False,
   )
+  overlap: Any = keywords.option(
+    '``None`` (each sync blocks the step that ends the round) or ``"round"``: the '
+    "round's message is averaged during the next round, one chunk per step, in one "
+    "collective outside any conditional that XLA may overlap with the step's compute, "
+    "and lands at the next boundary (MATH.md §9). With ``fragments=1``, an int "
+    "``sync_every`` and no compression, fault tolerance or offload.",
+    None,
+  )
+  merge: str | None = keywords.option(
+    'how a message in flight lands, with ``overlap="round"``: ``"eager"`` (default; '
+    "each worker applies its own fresh pseudo-gradient at once and the others' one "
+    'round late, Kale et al. 2025, Algorithm 3) or ``"delayed"`` (the mean one round '
+    "late; their Algorithm 2).",
+    None,
+  )
   offload: bool = keywords.option(
     "keep the anchor, the outer optimizer's state and the compression residual in host "
     "memory (``pinned_host``) between syncs, on the device only inside the sync "
@@ -107,6 +123,7 @@ class SynchronizeState(NamedTuple):
   syncs: jax.Array  # int32[F]: syncs completed, per fragment.
   next_sync: jax.Array  # int32 scalar: the step that ends the current round.
   residual: Any  # float32 like params: compression error feedback; () without compression.
+  in_flight: Any = ()  # overlap="round": the message in flight (_overlap.InFlight); () without.
 
 
 class _Round(NamedTuple):
@@ -123,6 +140,9 @@ class _Round(NamedTuple):
   offload: bool  # Anchor, outer state and residual in host memory between syncs.
   name: str  # How errors name the method.
   fault_tolerant: bool  # Whether update() takes worker_present.
+  overlap: str | None = None  # "round": a whole round in flight (_overlap).
+  merge: str | None = None  # How it lands: "eager" or "delayed".
+  moment_decays: tuple = (0.9, 0.999)  # (b1, b2) of the inner optimizer's moments.
 
 
 def _check_options(name, sync_every, fragments, compression, fault_tolerant, moment_periods):
@@ -187,6 +207,7 @@ def synchronize(
   low_rank: low_rank_lib.LowRankAdam | None = None,
   init_projection: str | None = "gradient",
   projection_source: str = "pseudo_gradient",
+  moment_decays: tuple[float, float] | None = None,
   name: str = "synchronize",
   **options: Any,
 ) -> optax.GradientTransformationExtraArgs:
@@ -264,6 +285,8 @@ def synchronize(
       all workers) or ``"local_gradient"`` (each worker's own gradient of the sync
       step, no message; the bases then differ between workers, so moments should
       not be averaged).
+    moment_decays: ``(b1, b2)`` of the inner optimizer's Adam moments; needed only by
+      ``overlap="round"`` with moment averaging (the correction of MATH.md §9).
     name: how errors name this transformation.
 
   Returns:
@@ -289,6 +312,7 @@ def synchronize(
     name, sync_every, r.fragments, compression, fault_tolerant, moment_periods
   )
   _check_choices(name, projection_source, init_projection, r.offload)
+  merge = _check_overlap(name, r, sync_every, fragments, moment_periods, moment_decays)
   averaging = averaging_lib.choose(
     axis_name, fault_tolerant=fault_tolerant, compression=compression
   )
@@ -306,6 +330,9 @@ def synchronize(
     offload=bool(r.offload),
     name=name,
     fault_tolerant=fault_tolerant,
+    overlap=r.overlap or None,
+    merge=merge,
+    moment_decays=moment_decays or (0.9, 0.999),
   )
 
   init_fn = functools.partial(_init, parts)
@@ -317,6 +344,8 @@ def synchronize(
 
 def _update(parts: _Round, grads, state, params=None, *, worker_present=True, **extra_args):
   """One step of :func:`synchronize`: the local step, and the rounds that end now."""
+  if parts.overlap == "round":
+    return _update_in_flight(parts, grads, state, params, worker_present, **extra_args)
   averaging = parts.averaging
   _check_update(parts.name, params, parts.axis_name, parts.fault_tolerant, worker_present)
   if parts.offload:  # A state placed in device memory (device_put of init) moves now.
@@ -397,6 +426,8 @@ def _init(parts: _Round, params) -> SynchronizeState:
     next_sync=schedules.round_length(parts.sync_every, 0),
     residual=parts.averaging.init_residual(params),
   )
+  if parts.overlap == "round":
+    state = state._replace(in_flight=overlap_lib.init(parts, params, state.inner_state))
   return _placed(state, offload_lib.to_host) if parts.offload else state
 
 
@@ -481,3 +512,65 @@ def _check_update(name, params, axis_name, fault_tolerant, worker_present):
       "fault_tolerant=False; build it with fault_tolerant=True to leave absent "
       "workers out of the averages."
     )
+
+
+def _check_overlap(name, r: RoundOptions, sync_every, fragments, moment_periods, decays):
+  """``overlap`` and ``merge``, checked against the options they need; returns ``merge``."""
+  checks.one_of(name, "overlap", r.overlap, (None, 0, "round"))
+  if not r.overlap:
+    if r.merge is not None:
+      raise ValueError(f"{name}: merge={r.merge!r} needs overlap='round'; drop merge.")
+    return None
+  merge = "eager" if r.merge is None else r.merge
+  checks.one_of(name, "merge", merge, overlap_lib.MERGES)
+  refused = {  # option: (its value, whether it is refused, why)
+    "fragments": (fragments, fragments != 1, "the round already streams, one chunk a step"),
+    "sync_every": (sync_every, callable(sync_every), "the round's length must be a fixed int"),
+    "compression": (r.compression, r.compression is not None, "chunks go uncompressed for now"),
+    "fault_tolerant": (r.fault_tolerant, r.fault_tolerant, "a late message has no presence"),
+    "offload": (r.offload, r.offload, "the message in flight lives on the device for now"),
+  }
+  for option, (value, bad, why) in refused.items():
+    if bad:
+      raise ValueError(
+        f"{name}: {option}={value!r} is not available with overlap='round' ({why}); "
+        "use overlap=None for it."
+      )
+  if any(p not in (None, 1) for p in moment_periods):
+    raise ValueError(
+      f"{name}: moments averaged every {moment_periods} syncs are not available with "
+      "overlap='round' (each message freezes the moments of every round); average them "
+      "every sync, or use overlap=None."
+    )
+  if any(p is not None for p in moment_periods) and decays is None:
+    raise ValueError(
+      f"{name}: overlap='round' with moment averaging needs moment_decays=(b1, b2), the "
+      "inner optimizer's, to correct the moments at a landing."
+    )
+  return merge
+
+
+def _update_in_flight(parts: _Round, grads, state, params, worker_present, **extra_args):
+  """One step with a whole round in flight (:mod:`lordo_jax.round._overlap`): the local
+  step, this step's chunk (unconditional), and at a boundary the landing."""
+  _check_update(parts.name, params, parts.axis_name, parts.fault_tolerant, worker_present)
+  count = optax.safe_int32_increment(state.count)
+  present = parts.averaging.admit(jnp.asarray(True), grads)
+  inner_state, ledger = parts.refresh.before_first_step(
+    count, grads, state.inner_state, state.ledger, present
+  )
+  state = state._replace(inner_state=inner_state, ledger=ledger)
+  local_updates, inner_state = parts.inner.update(grads, state.inner_state, params, **extra_args)
+  in_flight, ledger = overlap_lib.send_chunk(parts, state, count)
+  state = state._replace(count=count, inner_state=inner_state, ledger=ledger, in_flight=in_flight)
+  boundary = count % parts.sync_every == 0
+  state = jax.lax.cond(
+    boundary, lambda s: overlap_lib.land(parts, s, params, local_updates, grads), lambda s: s, state
+  )
+  updates = jax.tree.map(
+    lambda a, p, u: jnp.where(boundary, (a - p).astype(u.dtype), u),
+    state.anchor,
+    params,
+    local_updates,
+  )
+  return updates, state

@@ -113,7 +113,7 @@ def test_an_unknown_keyword_is_a_type_error_naming_the_closest():
   with pytest.raises(
     TypeError,
     match=r"lordo\(\) got an unexpected keyword argument "
-    r"'omgea'\. Did you mean 'omega'\?",
+    r"'omgea'\. Did you mean 'omega'( or '\w+')*\?",
   ):
     lordo_jax.lordo(1e-2, rank=2, sync_every=2, omgea=0.5)
   with pytest.raises(TypeError, match=r"ddp\(\): too many positional arguments"):

@@ -1,0 +1,157 @@
+"""A whole round in flight (``overlap="round"``) against the float64 reference of
+MATH.md §9 (``tests/overlap_reference.py``), on 4 workers, and in the compiled program.
+
+Every step's chunk is one collective at the top level of the step's program that
+reads only the state carried in (``tests/hlo.py``), and the ledger counts it.
+"""
+
+import functools
+
+import hlo
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import overlap_reference as ref
+import pytest
+import workers
+
+import lordo_jax
+
+M, K, STEPS, LR = 4, 3, 10, 0.05
+RNG = np.random.default_rng(0)
+CENTRES = RNG.normal(size=(M, 6, 3))
+PARAMS0 = RNG.normal(size=(6, 3))
+
+
+def reference_grads(m, t, params):
+  return CENTRES[m] * np.cos(t) + 0.3 * params
+
+
+def library_run(tx) -> list[np.ndarray]:
+  """Every worker's params after each step: grads as ``reference_grads`` gives them."""
+  per_step = workers.on_workers(lambda p, s, c, t: _step(tx, p, s, c, t), M)
+  params = workers.stack(jnp.asarray(PARAMS0, jnp.float32), M)
+  state = workers.stack(tx.init(params[0]), M)
+  centres = jnp.asarray(CENTRES, jnp.float32)
+  history = []
+  for t in range(1, STEPS + 1):
+    params, state = per_step(params, state, centres, jnp.full((M,), t, jnp.float32))
+    history.append(np.asarray(params))
+  return history, state
+
+
+def _step(tx, params, state, centre, t):
+  grads = centre * jnp.cos(t) + 0.3 * params
+  updates, state = tx.update(grads, state, params)
+  return optax.apply_updates(params, updates), state
+
+
+def _close(library, reference, atol=2e-5):
+  for t, (a, b) in enumerate(zip(library, reference, strict=True), start=1):
+    want = np.array([w.params for w in b])
+    np.testing.assert_allclose(a, want, rtol=0, atol=atol, err_msg=f"step {t}")
+
+
+@pytest.mark.parametrize("merge", ["eager", "delayed"])
+@pytest.mark.parametrize("outer_momentum", [0.0, 0.9])
+def test_sgd_inside_equals_the_reference(merge, outer_momentum):
+  outer = optax.sgd(
+    0.7 if outer_momentum else 1.0, momentum=outer_momentum or None, nesterov=bool(outer_momentum)
+  )
+  tx = lordo_jax.synchronize(
+    optax.sgd(LR),
+    sync_every=K,
+    axis_name=workers.AXIS,
+    outer_optimizer=outer,
+    first_moment_every=None,
+    second_moment_every=None,
+    overlap="round",
+    merge=merge,
+  )
+  setup = ref.Setup(
+    workers=M,
+    sync_every=K,
+    tau=K,
+    merge=merge,
+    learning_rate=LR,
+    outer_learning_rate=0.7 if outer_momentum else 1.0,
+    outer_momentum=outer_momentum,
+  )
+  library, _ = library_run(tx)
+  _close(library, ref.run(setup, PARAMS0, reference_grads, STEPS))
+
+
+@pytest.mark.parametrize("merge", ["eager", "delayed"])
+def test_local_adam_with_its_moments_corrected_equals_the_reference(merge):
+  tx = lordo_jax.local_adam(LR, sync_every=K, axis_name=workers.AXIS, overlap="round", merge=merge)
+  setup = ref.Setup(workers=M, sync_every=K, tau=K, merge=merge, inner="adam", learning_rate=LR)
+  library, _ = library_run(tx)
+  _close(library, ref.run(setup, PARAMS0, reference_grads, STEPS), atol=5e-5)
+
+
+def test_every_step_sends_one_chunk_and_the_ledger_counts_it():
+  tx = lordo_jax.diloco(LR, sync_every=K, axis_name=workers.AXIS, overlap="round")
+  _, state = library_run(tx)
+  elements, nbytes, calls = workers.ledger_numbers(state.ledger)
+  chunk = -(-PARAMS0.size // K)
+  assert calls == STEPS and elements == STEPS * chunk and nbytes == 4 * elements
+
+
+def _compiled_step(tx) -> tuple[str, set[int]]:
+  params = workers.stack({"w": jnp.ones((16, 8)), "b": jnp.zeros(8)}, M)
+  state = workers.stack(tx.init(jax.tree.map(lambda x: x[0], params)), M)
+  mesh = jax.make_mesh((M,), (workers.AXIS,))
+  body = lambda p, s, g: jax.tree.map(  # noqa: E731
+    lambda x: x[None], _one(tx, *jax.tree.map(lambda x: x[0], (p, s, g)))
+  )
+  spec = jax.sharding.PartitionSpec(workers.AXIS)
+  step = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec), keep_unused=True)
+  args = workers.shard((params, state, params), mesh)
+  text = step.lower(*args).compile().as_text()
+  n_params, n_state = len(jax.tree.leaves(params)), len(jax.tree.leaves(state))
+  computed = set(range(n_params)) | set(range(n_params + n_state, 2 * n_params + n_state))
+  return text, computed
+
+
+def _one(tx, params, state, grads):
+  updates, state = tx.update(grads, state, params)
+  return optax.apply_updates(params, updates), state
+
+
+@pytest.mark.parametrize(
+  "method",
+  [
+    functools.partial(lordo_jax.diloco, LR, sync_every=K),
+    functools.partial(lordo_jax.lordo, LR, rank=2, sync_every=K, init_projection="random"),
+  ],
+  ids=["diloco", "lordo"],
+)
+def test_the_chunk_is_a_top_level_collective_of_carried_state(method):
+  text, computed = _compiled_step(method(axis_name=workers.AXIS, overlap="round"))
+  assert hlo.overlappable(text, computed)
+  assert len(hlo.collective_inputs(text)) == 1  # one chunk a step, nothing else sent
+  blocking, computed = _compiled_step(method(axis_name=workers.AXIS))
+  assert not hlo.overlappable(blocking, computed)  # today's round, the control
+
+
+@pytest.mark.parametrize(
+  "options, refused",
+  [
+    (dict(fragments=2), "fragments=2 is not available with overlap='round'"),
+    (dict(compression="int8"), "compression='int8' is not available"),
+    (dict(fault_tolerant=True), "fault_tolerant=True is not available"),
+    (dict(offload=True), "offload=True is not available"),
+    (dict(merge="rebase"), "merge='rebase' is not accepted"),
+  ],
+)
+def test_what_a_round_in_flight_does_not_take_is_refused_by_name(options, refused):
+  with pytest.raises(ValueError, match=refused):
+    lordo_jax.diloco(LR, sync_every=K, overlap="round", **options)
+
+
+def test_desloc_moment_periods_and_a_merge_without_overlap_are_refused():
+  with pytest.raises(ValueError, match="moments averaged every"):
+    lordo_jax.desloc(LR, sync_every=K, overlap="round")
+  with pytest.raises(ValueError, match="merge='eager' needs overlap='round'"):
+    lordo_jax.diloco(LR, sync_every=K, merge="eager")
