@@ -84,19 +84,28 @@ class RoundOptions:
     False,
   )
   overlap: Any = keywords.option(
-    '``None`` (each sync blocks the step that ends the round) or ``"round"``: the '
+    '``None`` (each sync blocks the step that ends the round); ``"round"``: the '
     "round's message is averaged during the next round, one chunk per step, in one "
     "collective outside any conditional that XLA may overlap with the step's compute, "
-    "and lands at the next boundary (MATH.md §9). With ``fragments=1``, an int "
-    "``sync_every`` and no compression, fault tolerance or offload.",
+    "and lands at the next boundary; or tau, an int in [1, K): it is averaged during "
+    "the next tau steps and lands at the tau-th (the numbers of MATH.md §9; the chunks "
+    "are sent inside a conditional, so they do not overlap yet). With ``fragments=1``, "
+    "an int ``sync_every`` and no compression, fault tolerance or offload.",
     None,
   )
   merge: str | None = keywords.option(
     'how a message in flight lands, with ``overlap="round"``: ``"eager"`` (default; '
     "each worker applies its own fresh pseudo-gradient at once and the others' one "
     'round late, Kale et al. 2025, Algorithm 3) or ``"delayed"`` (the mean one round '
-    "late; their Algorithm 2).",
+    'late; their Algorithm 2); with an int ``overlap``, ``"rebase"`` (default: the '
+    "synchronised parameters plus the worker's steps since the boundary) or "
+    '``"streaming"`` (Streaming DiLoCo: mixed with ``merge_alpha``).',
     None,
+  )
+  merge_alpha: float = keywords.option(
+    'with ``merge="streaming"``, the weight of the worker\'s own parameters, in [0, 1): '
+    "``alpha theta_m + (1 - alpha) theta_synced``; 0 discards the window's steps.",
+    0.0,
   )
   offload: bool = keywords.option(
     "keep the anchor, the outer optimizer's state and the compression residual in host "
@@ -141,7 +150,8 @@ class _Round(NamedTuple):
   name: str  # How errors name the method.
   fault_tolerant: bool  # Whether update() takes worker_present.
   overlap: str | None = None  # "round": a whole round in flight (_overlap).
-  merge: str | None = None  # How it lands: "eager" or "delayed".
+  merge: str | None = None  # How it lands: "eager", "delayed", "rebase" or "streaming".
+  merge_alpha: float = 0.0  # The streaming merge's weight of the worker's parameters.
   moment_decays: tuple = (0.9, 0.999)  # (b1, b2) of the inner optimizer's moments.
 
 
@@ -332,6 +342,7 @@ def synchronize(
     fault_tolerant=fault_tolerant,
     overlap=r.overlap or None,
     merge=merge,
+    merge_alpha=r.merge_alpha,
     moment_decays=moment_decays or (0.9, 0.999),
   )
 
@@ -344,7 +355,7 @@ def synchronize(
 
 def _update(parts: _Round, grads, state, params=None, *, worker_present=True, **extra_args):
   """One step of :func:`synchronize`: the local step, and the rounds that end now."""
-  if parts.overlap == "round":
+  if parts.overlap:
     return _update_in_flight(parts, grads, state, params, worker_present, **extra_args)
   averaging = parts.averaging
   _check_update(parts.name, params, parts.axis_name, parts.fault_tolerant, worker_present)
@@ -426,7 +437,7 @@ def _init(parts: _Round, params) -> SynchronizeState:
     next_sync=schedules.round_length(parts.sync_every, 0),
     residual=parts.averaging.init_residual(params),
   )
-  if parts.overlap == "round":
+  if parts.overlap:
     state = state._replace(in_flight=overlap_lib.init(parts, params, state.inner_state))
   return _placed(state, offload_lib.to_host) if parts.offload else state
 
@@ -516,13 +527,26 @@ def _check_update(name, params, axis_name, fault_tolerant, worker_present):
 
 def _check_overlap(name, r: RoundOptions, sync_every, fragments, moment_periods, decays):
   """``overlap`` and ``merge``, checked against the options they need; returns ``merge``."""
-  checks.one_of(name, "overlap", r.overlap, (None, 0, "round"))
+  window = isinstance(r.overlap, int) and not isinstance(r.overlap, bool) and r.overlap > 0
+  if window and not (callable(sync_every) or r.overlap < sync_every):
+    raise ValueError(
+      f"{name}: overlap={r.overlap!r} is not accepted with sync_every={sync_every}; "
+      "expected an int in [1, sync_every), or 'round' for a whole round in flight."
+    )
+  if not window:
+    checks.one_of(name, "overlap", r.overlap, (None, 0, "round"))
   if not r.overlap:
     if r.merge is not None:
-      raise ValueError(f"{name}: merge={r.merge!r} needs overlap='round'; drop merge.")
+      raise ValueError(f"{name}: merge={r.merge!r} needs an overlap; drop merge.")
     return None
-  merge = "eager" if r.merge is None else r.merge
-  checks.one_of(name, "merge", merge, overlap_lib.MERGES)
+  merges = overlap_lib.WINDOW_MERGES if window else overlap_lib.MERGES
+  merge = merges[0] if r.merge is None else r.merge
+  checks.one_of(name, "merge", merge, merges)
+  checks.in_interval(name, "merge_alpha", r.merge_alpha, 0.0, 1.0, closed_high=False)
+  if r.merge_alpha and merge != "streaming":
+    raise ValueError(
+      f"{name}: merge_alpha={r.merge_alpha!r} needs merge='streaming'; drop merge_alpha."
+    )
   refused = {  # option: (its value, whether it is refused, why)
     "fragments": (fragments, fragments != 1, "the round already streams, one chunk a step"),
     "sync_every": (sync_every, callable(sync_every), "the round's length must be a fixed int"),
@@ -533,26 +557,25 @@ def _check_overlap(name, r: RoundOptions, sync_every, fragments, moment_periods,
   for option, (value, bad, why) in refused.items():
     if bad:
       raise ValueError(
-        f"{name}: {option}={value!r} is not available with overlap='round' ({why}); "
+        f"{name}: {option}={value!r} is not available with overlap={r.overlap!r} ({why}); "
         "use overlap=None for it."
       )
   if any(p not in (None, 1) for p in moment_periods):
     raise ValueError(
       f"{name}: moments averaged every {moment_periods} syncs are not available with "
-      "overlap='round' (each message freezes the moments of every round); average them "
+      f"overlap={r.overlap!r} (each message freezes the moments of every round); average them "
       "every sync, or use overlap=None."
     )
   if any(p is not None for p in moment_periods) and decays is None:
     raise ValueError(
-      f"{name}: overlap='round' with moment averaging needs moment_decays=(b1, b2), the "
+      f"{name}: overlap={r.overlap!r} with moment averaging needs moment_decays=(b1, b2), the "
       "inner optimizer's, to correct the moments at a landing."
     )
   return merge
 
 
 def _update_in_flight(parts: _Round, grads, state, params, worker_present, **extra_args):
-  """One step with a whole round in flight (:mod:`lordo_jax.round._overlap`): the local
-  step, this step's chunk (unconditional), and at a boundary the landing."""
+  """One step with a message in flight: a whole round's, or a window of tau steps."""
   _check_update(parts.name, params, parts.axis_name, parts.fault_tolerant, worker_present)
   count = optax.safe_int32_increment(state.count)
   present = parts.averaging.admit(jnp.asarray(True), grads)
@@ -561,8 +584,46 @@ def _update_in_flight(parts: _Round, grads, state, params, worker_present, **ext
   )
   state = state._replace(inner_state=inner_state, ledger=ledger)
   local_updates, inner_state = parts.inner.update(grads, state.inner_state, params, **extra_args)
+  state = state._replace(count=count, inner_state=inner_state)
+  step = _round_in_flight if parts.overlap == "round" else _window_in_flight
+  return step(parts, grads, state, params, local_updates, count)
+
+
+def _window_in_flight(parts: _Round, grads, state, params, local_updates, count):
+  """``overlap=tau``: the chunks at steps t0+1 .. t0+tau, the landing at t0+tau and the
+  freeze at a boundary, each in a conditional (no overlap on this path yet)."""
+  k, tau = parts.sync_every, parts.overlap
+  in_flight = count > k  # a message was frozen at a previous boundary
+  sending = in_flight & ((count - 1) % k < tau)
+  in_flight_state, ledger = jax.lax.cond(
+    sending,
+    lambda s: overlap_lib.send_chunk(parts, s, count),
+    lambda s: (s.in_flight, s.ledger),
+    state,
+  )
+  state = state._replace(in_flight=in_flight_state, ledger=ledger)
+  local_params = optax.apply_updates(params, local_updates)
+  state, new_params = jax.lax.cond(
+    in_flight & (count % k == tau),
+    lambda s: overlap_lib.land_window(parts, s, params, local_updates, grads),
+    lambda s: (s, local_params),
+    state,
+  )
+  state = jax.lax.cond(
+    count % k == 0,
+    lambda s: overlap_lib.freeze(parts, s, params, local_updates),
+    lambda s: s,
+    state,
+  )
+  updates = jax.tree.map(lambda n, p, u: (n - p).astype(u.dtype), new_params, params, local_updates)
+  return updates, state
+
+
+def _round_in_flight(parts: _Round, grads, state, params, local_updates, count):
+  """A whole round in flight (:mod:`lordo_jax.round._overlap`): this step's chunk
+  (unconditional), and at a boundary the landing."""
   in_flight, ledger = overlap_lib.send_chunk(parts, state, count)
-  state = state._replace(count=count, inner_state=inner_state, ledger=ledger, in_flight=in_flight)
+  state = state._replace(ledger=ledger, in_flight=in_flight)
   boundary = count % parts.sync_every == 0
   state = jax.lax.cond(
     boundary, lambda s: overlap_lib.land(parts, s, params, local_updates, grads), lambda s: s, state

@@ -153,5 +153,63 @@ def test_what_a_round_in_flight_does_not_take_is_refused_by_name(options, refuse
 def test_desloc_moment_periods_and_a_merge_without_overlap_are_refused():
   with pytest.raises(ValueError, match="moments averaged every"):
     lordo_jax.desloc(LR, sync_every=K, overlap="round")
-  with pytest.raises(ValueError, match="merge='eager' needs overlap='round'"):
+  with pytest.raises(ValueError, match="merge='eager' needs an overlap"):
     lordo_jax.diloco(LR, sync_every=K, merge="eager")
+
+
+@pytest.mark.parametrize("tau", [1, 2])
+@pytest.mark.parametrize("merge, alpha", [("rebase", 0.0), ("streaming", 0.0), ("streaming", 0.5)])
+def test_a_window_of_tau_steps_equals_the_reference(tau, merge, alpha):
+  tx = lordo_jax.synchronize(
+    optax.sgd(LR),
+    sync_every=K,
+    axis_name=workers.AXIS,
+    first_moment_every=None,
+    second_moment_every=None,
+    overlap=tau,
+    merge=merge,
+    merge_alpha=alpha,
+    outer_optimizer=optax.sgd(0.7, momentum=0.9, nesterov=True),
+  )
+  setup = ref.Setup(
+    workers=M,
+    sync_every=K,
+    tau=tau,
+    merge=merge,
+    merge_alpha=alpha,
+    learning_rate=LR,
+    outer_learning_rate=0.7,
+    outer_momentum=0.9,
+  )
+  library, _ = library_run(tx)
+  _close(library, ref.run(setup, PARAMS0, reference_grads, STEPS))
+
+
+@pytest.mark.parametrize("tau", [1, 2])
+def test_a_window_with_local_adams_moments_equals_the_reference(tau):
+  tx = lordo_jax.local_adam(LR, sync_every=K, axis_name=workers.AXIS, overlap=tau)
+  setup = ref.Setup(workers=M, sync_every=K, tau=tau, inner="adam", learning_rate=LR)
+  library, _ = library_run(tx)
+  _close(library, ref.run(setup, PARAMS0, reference_grads, STEPS), atol=5e-5)
+
+
+def test_a_window_sends_tau_chunks_a_round():
+  tau = 2
+  _, state = library_run(lordo_jax.diloco(LR, sync_every=K, axis_name=workers.AXIS, overlap=tau))
+  elements, _, calls = workers.ledger_numbers(state.ledger)
+  sent_steps = [t for t in range(K + 1, STEPS + 1) if (t - 1) % K < tau]  # 4, 5, 7, 8, 10
+  assert calls == len(sent_steps) == 5 and elements == 5 * -(-PARAMS0.size // tau)
+
+
+@pytest.mark.parametrize(
+  "options, refused",
+  [
+    (dict(overlap=3), "overlap=3 is not accepted with sync_every=3"),
+    (dict(overlap=1, merge="eager"), "merge='eager' is not accepted"),
+    (dict(overlap=1, merge_alpha=0.5), "merge_alpha=0.5 needs merge='streaming'"),
+    (dict(overlap=1, merge="streaming", merge_alpha=1.0), "merge_alpha=1.0 is not accepted"),
+  ],
+)
+def test_a_window_refuses_what_it_cannot_do(options, refused):
+  with pytest.raises(ValueError, match=refused):
+    lordo_jax.diloco(LR, sync_every=K, **options)
