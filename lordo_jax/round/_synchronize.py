@@ -10,6 +10,7 @@ Every collective goes through :mod:`lordo_jax.comm._collectives`, inside the rou
 
 import dataclasses
 import functools
+import numbers
 from typing import Any
 from typing import NamedTuple
 
@@ -543,7 +544,7 @@ def _check_overlap(name, r: RoundOptions, sync_every, fragments, moment_periods,
   merge = merges[0] if r.merge is None else r.merge
   checks.one_of(name, "merge", merge, merges)
   checks.in_interval(name, "merge_alpha", r.merge_alpha, 0.0, 1.0, closed_high=False)
-  if r.merge_alpha and merge != "streaming":
+  if isinstance(r.merge_alpha, numbers.Real) and r.merge_alpha != 0 and merge != "streaming":
     raise ValueError(
       f"{name}: merge_alpha={r.merge_alpha!r} needs merge='streaming'; drop merge_alpha."
     )

@@ -16,31 +16,24 @@ import lordo_jax
 PARAMS = {"w": jax.random.normal(jax.random.key(0), (16, 8)), "b": jnp.zeros(8)}
 ADAM = {"learning_rate", "b1", "b2", "eps", "weight_decay"}
 LOW_RANK = ADAM | {"omega", "mu", "qh_nu", "full_rank_nu"}  # The low-rank step's too.
+ROUND = {"merge_alpha"}  # The round's continuous option (overlap's streaming merge).
 # factory, the integers a user passes, the hyperparameters that become injectable.
 CASES = {
-  "lordo": (
-    lordo_jax.lordo,
-    dict(rank=2, sync_every=2),
-    LOW_RANK,
-  ),
+  "lordo": (lordo_jax.lordo, dict(rank=2, sync_every=2), LOW_RANK | ROUND),
   "lordo_local_projection": (
     lordo_jax.lordo_local_projection,
     dict(rank=2, sync_every=2),
-    LOW_RANK,
+    LOW_RANK | ROUND,
   ),
-  "low_rank_ddp": (
-    lordo_jax.low_rank_ddp,
-    dict(rank=2, refresh_every=3),
-    LOW_RANK,
-  ),
+  "low_rank_ddp": (lordo_jax.low_rank_ddp, dict(rank=2, refresh_every=3), LOW_RANK),
   "ddp": (lordo_jax.ddp, {}, ADAM),
   "diloco": (
     lordo_jax.diloco,
     dict(sync_every=2),
-    ADAM | {"outer_learning_rate", "outer_momentum"},
+    ADAM | ROUND | {"outer_learning_rate", "outer_momentum"},
   ),
-  "local_adam": (lordo_jax.local_adam, dict(sync_every=2), ADAM),
-  "desloc": (lordo_jax.desloc, dict(sync_every=2, first_moment_every=4), ADAM),
+  "local_adam": (lordo_jax.local_adam, dict(sync_every=2), ADAM | ROUND),
+  "desloc": (lordo_jax.desloc, dict(sync_every=2, first_moment_every=4), ADAM | ROUND),
 }
 STEPS = 6
 SWITCH = 3  # The learning rate changes from 1e-2 to 4e-3 after this many steps.
