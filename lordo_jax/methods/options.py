@@ -14,7 +14,7 @@ from typing import Any
 from lordo_jax import _checks as checks
 from lordo_jax import _keywords as keywords
 from lordo_jax.local import _low_rank_adam as low_rank
-from lordo_jax.round import _synchronize as sync
+from lordo_jax.round import _round_options as round_options_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,14 +44,14 @@ class LocalOptions:
 def basics(*names: str) -> tuple[keywords.Keyword, ...]:
   """The learning rate and the round's ``names`` (``sync_every``, ``axis_name``,
   ``outer_optimizer``), which a method declares in its own signature."""
-  return keywords.of(Schedule) + keywords.of(sync.RoundBasics, *names)
+  return keywords.of(Schedule) + keywords.of(round_options_lib.RoundBasics, *names)
 
 
 ADAM = keywords.of(low_rank.LowRankOptions, "b1", "b2", "eps") + keywords.of(
   LocalOptions, "weight_decay"
 )
 LOW_RANK = keywords.of(low_rank.LowRankOptions) + keywords.of(LocalOptions)
-ROUND = keywords.of(sync.RoundOptions)
+ROUND = keywords.of(round_options_lib.RoundOptions)
 
 
 def check_adam(who: str, options: dict[str, Any]) -> None:

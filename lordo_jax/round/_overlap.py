@@ -1,10 +1,12 @@
-"""A whole round in flight (``overlap="round"``, MATH.md §9): the step of
-:func:`lordo_jax.synchronize` that sends one chunk of the last round's message at every
-step, outside any conditional, and lands it at the next boundary (``"eager"`` or
-``"delayed"``). The chunk depends only on state carried in, so XLA may run it under
-the step's compute; nothing at a boundary communicates.
+"""A message in flight (MATH.md §9), the steps of :func:`lordo_jax.synchronize` with
+``overlap``: :func:`round_step` (``"round"``) sends one chunk of the last round's message
+at every step, outside any conditional, and lands it at the next boundary (:func:`land`,
+``"eager"`` or ``"delayed"``); :func:`window_step` (tau < K) sends tau chunks after a
+boundary and lands them (:func:`land_window`, ``"rebase"`` or ``"streaming"``), for now
+inside conditionals. :func:`check` says what overlap takes.
 """
 
+import numbers
 from typing import Any
 from typing import NamedTuple
 
@@ -12,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from lordo_jax import _checks as checks
 from lordo_jax.comm import _chunks as chunks_lib
 from lordo_jax.round import _moment_trees as moment_trees
 from lordo_jax.round import _outer_step as outer_lib
@@ -155,3 +158,100 @@ def _corrected_moments(parts, inner_state, own: tuple, means: tuple, landed, ste
     corrected = jax.tree.map(lambda x, b, m, f=factor: x + f * (b - m), current, mean, mine)
     inner_state = moment_trees.with_moments(inner_state, field, corrected)
   return inner_state
+
+
+def check(name, r, sync_every, fragments, moment_periods, decays):
+  """``overlap`` and ``merge``, checked against the options they need; returns ``merge``."""
+  window = isinstance(r.overlap, int) and not isinstance(r.overlap, bool) and r.overlap > 0
+  if window and not (callable(sync_every) or r.overlap < sync_every):
+    raise ValueError(
+      f"{name}: overlap={r.overlap!r} is not accepted with sync_every={sync_every}; "
+      "expected an int in [1, sync_every), or 'round' for a whole round in flight."
+    )
+  if not window:
+    checks.one_of(name, "overlap", r.overlap, (None, 0, "round"))
+  if not r.overlap:
+    if r.merge is not None:
+      raise ValueError(f"{name}: merge={r.merge!r} needs an overlap; drop merge.")
+    return None
+  merges = WINDOW_MERGES if window else MERGES
+  merge = merges[0] if r.merge is None else r.merge
+  checks.one_of(name, "merge", merge, merges)
+  checks.in_interval(name, "merge_alpha", r.merge_alpha, 0.0, 1.0, closed_high=False)
+  if isinstance(r.merge_alpha, numbers.Real) and r.merge_alpha != 0 and merge != "streaming":
+    raise ValueError(
+      f"{name}: merge_alpha={r.merge_alpha!r} needs merge='streaming'; drop merge_alpha."
+    )
+  refused = {  # option: (its value, whether it is refused, why)
+    "fragments": (fragments, fragments != 1, "the round already streams, one chunk a step"),
+    "sync_every": (sync_every, callable(sync_every), "the round's length must be a fixed int"),
+    "compression": (r.compression, r.compression is not None, "chunks go uncompressed for now"),
+    "fault_tolerant": (r.fault_tolerant, r.fault_tolerant, "a late message has no presence"),
+    "offload": (r.offload, r.offload, "the message in flight lives on the device for now"),
+  }
+  for option, (value, bad, why) in refused.items():
+    if bad:
+      raise ValueError(
+        f"{name}: {option}={value!r} is not available with overlap={r.overlap!r} ({why}); "
+        "use overlap=None for it."
+      )
+  if any(p not in (None, 1) for p in moment_periods):
+    raise ValueError(
+      f"{name}: moments averaged every {moment_periods} syncs are not available with "
+      f"overlap={r.overlap!r} (each message freezes the moments of every round); average them "
+      "every sync, or use overlap=None."
+    )
+  if any(p is not None for p in moment_periods) and decays is None:
+    raise ValueError(
+      f"{name}: overlap={r.overlap!r} with moment averaging needs moment_decays=(b1, b2), the "
+      "inner optimizer's, to correct the moments at a landing."
+    )
+  return merge
+
+
+def window_step(parts, grads, state, params, local_updates, count):
+  """``overlap=tau``: the chunks at steps t0+1 .. t0+tau, the landing at t0+tau and the
+  freeze at a boundary, each in a conditional (no overlap on this path yet)."""
+  k, tau = parts.sync_every, parts.overlap
+  in_flight = count > k  # a message was frozen at a previous boundary
+  sending = in_flight & ((count - 1) % k < tau)
+  in_flight_state, ledger = jax.lax.cond(
+    sending,
+    lambda s: send_chunk(parts, s, count),
+    lambda s: (s.in_flight, s.ledger),
+    state,
+  )
+  state = state._replace(in_flight=in_flight_state, ledger=ledger)
+  local_params = optax.apply_updates(params, local_updates)
+  state, new_params = jax.lax.cond(
+    in_flight & (count % k == tau),
+    lambda s: land_window(parts, s, params, local_updates, grads),
+    lambda s: (s, local_params),
+    state,
+  )
+  state = jax.lax.cond(
+    count % k == 0,
+    lambda s: freeze(parts, s, params, local_updates),
+    lambda s: s,
+    state,
+  )
+  updates = jax.tree.map(lambda n, p, u: (n - p).astype(u.dtype), new_params, params, local_updates)
+  return updates, state
+
+
+def round_step(parts, grads, state, params, local_updates, count):
+  """A whole round in flight (:mod:`lordo_jax.round._overlap`): this step's chunk
+  (unconditional), and at a boundary the landing."""
+  in_flight, ledger = send_chunk(parts, state, count)
+  state = state._replace(ledger=ledger, in_flight=in_flight)
+  boundary = count % parts.sync_every == 0
+  state = jax.lax.cond(
+    boundary, lambda s: land(parts, s, params, local_updates, grads), lambda s: s, state
+  )
+  updates = jax.tree.map(
+    lambda a, p, u: jnp.where(boundary, (a - p).astype(u.dtype), u),
+    state.anchor,
+    params,
+    local_updates,
+  )
+  return updates, state

@@ -8,9 +8,7 @@ Every collective goes through :mod:`lordo_jax.comm._collectives`, inside the rou
 ``lax.cond``, so nothing is sent or computed for the round on other steps.
 """
 
-import dataclasses
 import functools
-import numbers
 from typing import Any
 from typing import NamedTuple
 
@@ -34,91 +32,11 @@ from lordo_jax.round import _overlap as overlap_lib
 from lordo_jax.round import _periods as schedules
 from lordo_jax.round import _schedule as round_schedule
 from lordo_jax.round._faults import FaultCounts
+from lordo_jax.round._round_options import BASIC_KEYWORDS
+from lordo_jax.round._round_options import ROUND_KEYWORDS
+from lordo_jax.round._round_options import RoundOptions
 
 PROJECTION_SOURCES = basis_refresh.SOURCES
-
-
-@dataclasses.dataclass(frozen=True)
-class RoundBasics:
-  """What every round is given: its length, its workers and its outer step
-  (:mod:`lordo_jax._keywords`; the methods declare these themselves)."""
-
-  sync_every: Any = keywords.option(
-    "K, local steps per round; or a function of the step giving each round's length "
-    "(:mod:`lordo_jax.round._periods`, e.g. :func:`lordo_jax.quadratic_sync_rule`)."
-  )
-  axis_name: str | None = keywords.option(
-    "the worker axis (``jax.shard_map`` mesh axis or ``jax.pmap`` axis name); ``None`` "
-    "for a single worker, where every collective is the identity.",
-    None,
-  )
-  outer_optimizer: Any = keywords.option(
-    "the optax transformation applied to the averaged pseudo-gradient, with the anchor "
-    "as params. ``None`` is plain averaging (``optax.sgd(1.0)``); DiLoCo uses "
-    "``optax.sgd(0.7, momentum=0.9, nesterov=True)``.",
-    None,
-  )
-
-
-@dataclasses.dataclass(frozen=True)
-class RoundOptions:
-  """How a round communicates: the options every method built on :func:`synchronize`
-  shares (:mod:`lordo_jax._keywords`)."""
-
-  compression: str | None = keywords.option(
-    '``None`` (messages in the dtype of what is sent), ``"bfloat16"`` or ``"int8"`` '
-    "(per-row scales): every message of the round sent compressed, the "
-    'pseudo-gradient with error feedback; with ``"int8"`` the moments go in bfloat16.',
-    None,
-  )
-  fragments: Any = keywords.option(
-    "F, the number of fragments synced at staggered steps (streaming, as in Streaming "
-    "DiLoCo), at most K, so that the largest message is about 1/F of the model; or a "
-    "function of the params returning a tree of fragment indices "
-    "(:func:`lordo_jax.round._periods.fragment_labels`). ``None`` or 1: no streaming.",
-    None,
-  )
-  fault_tolerant: bool = keywords.option(
-    "skip non-finite local steps and average only over the workers present at a sync "
-    "(``update(..., worker_present=False)`` marks one absent; "
-    ":func:`lordo_jax.synchronize`).",
-    False,
-  )
-  overlap: Any = keywords.option(
-    '``None`` (each sync blocks the step that ends the round); ``"round"``: the '
-    "round's message is averaged during the next round, one chunk per step, in one "
-    "collective outside any conditional that XLA may overlap with the step's compute, "
-    "and lands at the next boundary; or tau, an int in [1, K): it is averaged during "
-    "the next tau steps and lands at the tau-th (the numbers of MATH.md §9; the chunks "
-    "are sent inside a conditional, so they do not overlap yet). With ``fragments=1``, "
-    "an int ``sync_every`` and no compression, fault tolerance or offload.",
-    None,
-  )
-  merge: str | None = keywords.option(
-    'how a message in flight lands, with ``overlap="round"``: ``"eager"`` (default; '
-    "each worker applies its own fresh pseudo-gradient at once and the others' one "
-    'round late, Kale et al. 2025, Algorithm 3) or ``"delayed"`` (the mean one round '
-    'late; their Algorithm 2); with an int ``overlap``, ``"rebase"`` (default: the '
-    "synchronised parameters plus the worker's steps since the boundary) or "
-    '``"streaming"`` (Streaming DiLoCo: mixed with ``merge_alpha``).',
-    None,
-  )
-  merge_alpha: float = keywords.option(
-    'with ``merge="streaming"``, the weight of the worker\'s own parameters, in [0, 1): '
-    "``alpha theta_m + (1 - alpha) theta_synced``; 0 discards the window's steps.",
-    0.0,
-  )
-  offload: bool = keywords.option(
-    "keep the anchor, the outer optimizer's state and the compression residual in host "
-    "memory (``pinned_host``) between syncs, on the device only inside the sync "
-    "(:mod:`lordo_jax.round._offload`); bit-identical results. Needs ``jit`` or "
-    "``shard_map`` (``pmap`` keeps every output on the device).",
-    False,
-  )
-
-
-BASIC_KEYWORDS = keywords.of(RoundBasics)
-ROUND_KEYWORDS = keywords.of(RoundOptions)
 
 
 class SynchronizeState(NamedTuple):
@@ -323,7 +241,7 @@ def synchronize(
     name, sync_every, r.fragments, compression, fault_tolerant, moment_periods
   )
   _check_choices(name, projection_source, init_projection, r.offload)
-  merge = _check_overlap(name, r, sync_every, fragments, moment_periods, moment_decays)
+  merge = overlap_lib.check(name, r, sync_every, fragments, moment_periods, moment_decays)
   averaging = averaging_lib.choose(
     axis_name, fault_tolerant=fault_tolerant, compression=compression
   )
@@ -526,55 +444,6 @@ def _check_update(name, params, axis_name, fault_tolerant, worker_present):
     )
 
 
-def _check_overlap(name, r: RoundOptions, sync_every, fragments, moment_periods, decays):
-  """``overlap`` and ``merge``, checked against the options they need; returns ``merge``."""
-  window = isinstance(r.overlap, int) and not isinstance(r.overlap, bool) and r.overlap > 0
-  if window and not (callable(sync_every) or r.overlap < sync_every):
-    raise ValueError(
-      f"{name}: overlap={r.overlap!r} is not accepted with sync_every={sync_every}; "
-      "expected an int in [1, sync_every), or 'round' for a whole round in flight."
-    )
-  if not window:
-    checks.one_of(name, "overlap", r.overlap, (None, 0, "round"))
-  if not r.overlap:
-    if r.merge is not None:
-      raise ValueError(f"{name}: merge={r.merge!r} needs an overlap; drop merge.")
-    return None
-  merges = overlap_lib.WINDOW_MERGES if window else overlap_lib.MERGES
-  merge = merges[0] if r.merge is None else r.merge
-  checks.one_of(name, "merge", merge, merges)
-  checks.in_interval(name, "merge_alpha", r.merge_alpha, 0.0, 1.0, closed_high=False)
-  if isinstance(r.merge_alpha, numbers.Real) and r.merge_alpha != 0 and merge != "streaming":
-    raise ValueError(
-      f"{name}: merge_alpha={r.merge_alpha!r} needs merge='streaming'; drop merge_alpha."
-    )
-  refused = {  # option: (its value, whether it is refused, why)
-    "fragments": (fragments, fragments != 1, "the round already streams, one chunk a step"),
-    "sync_every": (sync_every, callable(sync_every), "the round's length must be a fixed int"),
-    "compression": (r.compression, r.compression is not None, "chunks go uncompressed for now"),
-    "fault_tolerant": (r.fault_tolerant, r.fault_tolerant, "a late message has no presence"),
-    "offload": (r.offload, r.offload, "the message in flight lives on the device for now"),
-  }
-  for option, (value, bad, why) in refused.items():
-    if bad:
-      raise ValueError(
-        f"{name}: {option}={value!r} is not available with overlap={r.overlap!r} ({why}); "
-        "use overlap=None for it."
-      )
-  if any(p not in (None, 1) for p in moment_periods):
-    raise ValueError(
-      f"{name}: moments averaged every {moment_periods} syncs are not available with "
-      f"overlap={r.overlap!r} (each message freezes the moments of every round); average them "
-      "every sync, or use overlap=None."
-    )
-  if any(p is not None for p in moment_periods) and decays is None:
-    raise ValueError(
-      f"{name}: overlap={r.overlap!r} with moment averaging needs moment_decays=(b1, b2), the "
-      "inner optimizer's, to correct the moments at a landing."
-    )
-  return merge
-
-
 def _update_in_flight(parts: _Round, grads, state, params, worker_present, **extra_args):
   """One step with a message in flight: a whole round's, or a window of tau steps."""
   _check_update(parts.name, params, parts.axis_name, parts.fault_tolerant, worker_present)
@@ -586,53 +455,5 @@ def _update_in_flight(parts: _Round, grads, state, params, worker_present, **ext
   state = state._replace(inner_state=inner_state, ledger=ledger)
   local_updates, inner_state = parts.inner.update(grads, state.inner_state, params, **extra_args)
   state = state._replace(count=count, inner_state=inner_state)
-  step = _round_in_flight if parts.overlap == "round" else _window_in_flight
+  step = overlap_lib.round_step if parts.overlap == "round" else overlap_lib.window_step
   return step(parts, grads, state, params, local_updates, count)
-
-
-def _window_in_flight(parts: _Round, grads, state, params, local_updates, count):
-  """``overlap=tau``: the chunks at steps t0+1 .. t0+tau, the landing at t0+tau and the
-  freeze at a boundary, each in a conditional (no overlap on this path yet)."""
-  k, tau = parts.sync_every, parts.overlap
-  in_flight = count > k  # a message was frozen at a previous boundary
-  sending = in_flight & ((count - 1) % k < tau)
-  in_flight_state, ledger = jax.lax.cond(
-    sending,
-    lambda s: overlap_lib.send_chunk(parts, s, count),
-    lambda s: (s.in_flight, s.ledger),
-    state,
-  )
-  state = state._replace(in_flight=in_flight_state, ledger=ledger)
-  local_params = optax.apply_updates(params, local_updates)
-  state, new_params = jax.lax.cond(
-    in_flight & (count % k == tau),
-    lambda s: overlap_lib.land_window(parts, s, params, local_updates, grads),
-    lambda s: (s, local_params),
-    state,
-  )
-  state = jax.lax.cond(
-    count % k == 0,
-    lambda s: overlap_lib.freeze(parts, s, params, local_updates),
-    lambda s: s,
-    state,
-  )
-  updates = jax.tree.map(lambda n, p, u: (n - p).astype(u.dtype), new_params, params, local_updates)
-  return updates, state
-
-
-def _round_in_flight(parts: _Round, grads, state, params, local_updates, count):
-  """A whole round in flight (:mod:`lordo_jax.round._overlap`): this step's chunk
-  (unconditional), and at a boundary the landing."""
-  in_flight, ledger = overlap_lib.send_chunk(parts, state, count)
-  state = state._replace(ledger=ledger, in_flight=in_flight)
-  boundary = count % parts.sync_every == 0
-  state = jax.lax.cond(
-    boundary, lambda s: overlap_lib.land(parts, s, params, local_updates, grads), lambda s: s, state
-  )
-  updates = jax.tree.map(
-    lambda a, p, u: jnp.where(boundary, (a - p).astype(u.dtype), u),
-    state.anchor,
-    params,
-    local_updates,
-  )
-  return updates, state

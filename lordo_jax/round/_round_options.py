@@ -1,0 +1,93 @@
+"""The keyword options of a round, each written once with its default and Args text:
+:class:`RoundBasics` (its length, workers and outer step) and :class:`RoundOptions`
+(how it communicates), which :func:`lordo_jax.synchronize` and every method built on it
+take (:mod:`lordo_jax._keywords`).
+"""
+
+import dataclasses
+from typing import Any
+
+from lordo_jax import _keywords as keywords
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundBasics:
+  """What every round is given: its length, its workers and its outer step
+  (:mod:`lordo_jax._keywords`; the methods declare these themselves)."""
+
+  sync_every: Any = keywords.option(
+    "K, local steps per round; or a function of the step giving each round's length "
+    "(:mod:`lordo_jax.round._periods`, e.g. :func:`lordo_jax.quadratic_sync_rule`)."
+  )
+  axis_name: str | None = keywords.option(
+    "the worker axis (``jax.shard_map`` mesh axis or ``jax.pmap`` axis name); ``None`` "
+    "for a single worker, where every collective is the identity.",
+    None,
+  )
+  outer_optimizer: Any = keywords.option(
+    "the optax transformation applied to the averaged pseudo-gradient, with the anchor "
+    "as params. ``None`` is plain averaging (``optax.sgd(1.0)``); DiLoCo uses "
+    "``optax.sgd(0.7, momentum=0.9, nesterov=True)``.",
+    None,
+  )
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundOptions:
+  """How a round communicates: the options every method built on :func:`synchronize`
+  shares (:mod:`lordo_jax._keywords`)."""
+
+  compression: str | None = keywords.option(
+    '``None`` (messages in the dtype of what is sent), ``"bfloat16"`` or ``"int8"`` '
+    "(per-row scales): every message of the round sent compressed, the "
+    'pseudo-gradient with error feedback; with ``"int8"`` the moments go in bfloat16.',
+    None,
+  )
+  fragments: Any = keywords.option(
+    "F, the number of fragments synced at staggered steps (streaming, as in Streaming "
+    "DiLoCo), at most K, so that the largest message is about 1/F of the model; or a "
+    "function of the params returning a tree of fragment indices "
+    "(:func:`lordo_jax.round._periods.fragment_labels`). ``None`` or 1: no streaming.",
+    None,
+  )
+  fault_tolerant: bool = keywords.option(
+    "skip non-finite local steps and average only over the workers present at a sync "
+    "(``update(..., worker_present=False)`` marks one absent; "
+    ":func:`lordo_jax.synchronize`).",
+    False,
+  )
+  overlap: Any = keywords.option(
+    '``None`` (each sync blocks the step that ends the round); ``"round"``: the '
+    "round's message is averaged during the next round, one chunk per step, in one "
+    "collective outside any conditional that XLA may overlap with the step's compute, "
+    "and lands at the next boundary; or tau, an int in [1, K): it is averaged during "
+    "the next tau steps and lands at the tau-th (the numbers of MATH.md §9; the chunks "
+    "are sent inside a conditional, so they do not overlap yet). With ``fragments=1``, "
+    "an int ``sync_every`` and no compression, fault tolerance or offload.",
+    None,
+  )
+  merge: str | None = keywords.option(
+    'how a message in flight lands, with ``overlap="round"``: ``"eager"`` (default; '
+    "each worker applies its own fresh pseudo-gradient at once and the others' one "
+    'round late, Kale et al. 2025, Algorithm 3) or ``"delayed"`` (the mean one round '
+    'late; their Algorithm 2); with an int ``overlap``, ``"rebase"`` (default: the '
+    "synchronised parameters plus the worker's steps since the boundary) or "
+    '``"streaming"`` (Streaming DiLoCo: mixed with ``merge_alpha``).',
+    None,
+  )
+  merge_alpha: float = keywords.option(
+    'with ``merge="streaming"``, the weight of the worker\'s own parameters, in [0, 1): '
+    "``alpha theta_m + (1 - alpha) theta_synced``; 0 discards the window's steps.",
+    0.0,
+  )
+  offload: bool = keywords.option(
+    "keep the anchor, the outer optimizer's state and the compression residual in host "
+    "memory (``pinned_host``) between syncs, on the device only inside the sync "
+    "(:mod:`lordo_jax.round._offload`); bit-identical results. Needs ``jit`` or "
+    "``shard_map`` (``pmap`` keeps every output on the device).",
+    False,
+  )
+
+
+BASIC_KEYWORDS = keywords.of(RoundBasics)
+ROUND_KEYWORDS = keywords.of(RoundOptions)
