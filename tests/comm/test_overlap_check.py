@@ -5,7 +5,8 @@ optimised HLO, it sits at the top level of the entry computation and depends on 
 entry parameter that holds the step's gradients or parameters (MATH.md §4: today's
 round is a ``lax.cond``). These tests show the check tells the two apart: a
 collective of state carried in passes; one of the gradients, one in a conditional,
-and the library's current sync are reported as not overlappable.
+and the library's current sync are reported as not overlappable. The programs are
+lowered and compiled only, never run, so no execution is ever in flight.
 """
 
 import hlo

@@ -36,7 +36,9 @@ def library_run(tx) -> list[np.ndarray]:
   centres = jnp.asarray(CENTRES, jnp.float32)
   history = []
   for t in range(1, STEPS + 1):
-    params, state = per_step(params, state, centres, jnp.full((M,), t, jnp.float32))
+    # Each step waits for its outputs (jaxlib 0.10 CPU: no two executions in flight).
+    step = per_step(params, state, centres, jnp.full((M,), t, jnp.float32))
+    params, state = jax.block_until_ready(step)
     history.append(np.asarray(params))
   return history, state
 
@@ -45,6 +47,18 @@ def _step(tx, params, state, centre, t):
   grads = centre * jnp.cos(t) + 0.3 * params
   updates, state = tx.update(grads, state, params)
   return optax.apply_updates(params, updates), state
+
+
+def _sgd_inside(**options):
+  """``synchronize`` of SGD on 4 workers, averaging no moments, with ``options``."""
+  return lordo_jax.synchronize(
+    optax.sgd(LR),
+    sync_every=K,
+    axis_name=workers.AXIS,
+    first_moment_every=None,
+    second_moment_every=None,
+    **options,
+  )
 
 
 def _close(library, reference, atol=2e-5):
@@ -59,16 +73,7 @@ def test_sgd_inside_equals_the_reference(merge, outer_momentum):
   outer = optax.sgd(
     0.7 if outer_momentum else 1.0, momentum=outer_momentum or None, nesterov=bool(outer_momentum)
   )
-  tx = lordo_jax.synchronize(
-    optax.sgd(LR),
-    sync_every=K,
-    axis_name=workers.AXIS,
-    outer_optimizer=outer,
-    first_moment_every=None,
-    second_moment_every=None,
-    overlap="round",
-    merge=merge,
-  )
+  tx = _sgd_inside(outer_optimizer=outer, overlap="round", merge=merge)
   setup = ref.Setup(
     workers=M,
     sync_every=K,
@@ -160,17 +165,8 @@ def test_desloc_moment_periods_and_a_merge_without_overlap_are_refused():
 @pytest.mark.parametrize("tau", [1, 2])
 @pytest.mark.parametrize("merge, alpha", [("rebase", 0.0), ("streaming", 0.0), ("streaming", 0.5)])
 def test_a_window_of_tau_steps_equals_the_reference(tau, merge, alpha):
-  tx = lordo_jax.synchronize(
-    optax.sgd(LR),
-    sync_every=K,
-    axis_name=workers.AXIS,
-    first_moment_every=None,
-    second_moment_every=None,
-    overlap=tau,
-    merge=merge,
-    merge_alpha=alpha,
-    outer_optimizer=optax.sgd(0.7, momentum=0.9, nesterov=True),
-  )
+  outer = optax.sgd(0.7, momentum=0.9, nesterov=True)
+  tx = _sgd_inside(outer_optimizer=outer, overlap=tau, merge=merge, merge_alpha=alpha)
   setup = ref.Setup(
     workers=M,
     sync_every=K,
