@@ -31,6 +31,7 @@ from lordo_jax.methods.lordo import lordo
 from lordo_jax.methods.lordo import lordo_global_projection_only
 from lordo_jax.methods.lordo import lordo_local_projection
 from lordo_jax.round import SynchronizeState
+from lordo_jax.round import overlap_phase
 from lordo_jax.round import quadratic_sync_rule
 from lordo_jax.round import sync_steps
 from lordo_jax.round import synchronize
@@ -69,6 +70,7 @@ __all__ = [
   "lordo_global_projection_only",
   "lordo_local_projection",
   "low_rank_ddp",
+  "overlap_phase",
   "principal_angles",
   "projections",
   "quadratic_sync_rule",

@@ -5,12 +5,13 @@ round ends (``_periods``: ``sync_every`` as an int, a function or the quadratic 
 ``_schedule``: which fragments sync at a step), how messages are averaged
 (``_averaging``), the pseudo-gradient and outer step (``_outer_step``), the moments
 (``_moment_averaging``), the bases (``_basis_refresh``), failed workers
-(``_faults``) and host offload (``_offload``).
+(``_faults``), host offload (``_offload``) and a message in flight (``_overlap``).
 """
 
+from lordo_jax.round._overlap import overlap_phase
 from lordo_jax.round._periods import quadratic_sync_rule
 from lordo_jax.round._periods import sync_steps
 from lordo_jax.round._synchronize import SynchronizeState
 from lordo_jax.round._synchronize import synchronize
 
-__all__ = ["SynchronizeState", "quadratic_sync_rule", "sync_steps", "synchronize"]
+__all__ = ["SynchronizeState", "overlap_phase", "quadratic_sync_rule", "sync_steps", "synchronize"]

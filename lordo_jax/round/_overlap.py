@@ -2,8 +2,9 @@
 ``overlap``: :func:`round_step` (``"round"``) sends one chunk of the last round's message
 at every step, outside any conditional, and lands it at the next boundary (:func:`land`,
 ``"eager"`` or ``"delayed"``); :func:`window_step` (tau < K) sends tau chunks after a
-boundary and lands them (:func:`land_window`, ``"rebase"`` or ``"streaming"``), for now
-inside conditionals. :func:`check` says what overlap takes.
+boundary and lands them (:func:`land_window`, ``"rebase"`` or ``"streaming"``), outside
+any conditional in the programs of :func:`overlap_phase` ``"send"``. :func:`check` says
+what overlap takes.
 """
 
 import numbers
@@ -21,6 +22,7 @@ from lordo_jax.round import _outer_step as outer_lib
 
 MERGES = ("eager", "delayed")  # overlap="round"
 WINDOW_MERGES = ("rebase", "streaming")  # overlap=tau < K
+PHASES = ("send", "local")  # update(..., overlap_phase=...): a static value
 
 
 class InFlight(NamedTuple):
@@ -49,8 +51,9 @@ def init(parts, params, inner_state) -> InFlight:
 
 
 def send_chunk(parts, state, count):
-  """This step's chunk, ``(count - 1) mod K``, averaged and counted: ``(in_flight, ledger)``."""
-  index = (count - 1) % parts.sync_every
+  """This step's chunk, ``(count - 1) mod K`` (at most the last), averaged and counted:
+  ``(in_flight, ledger)``."""
+  index = jnp.minimum((count - 1) % parts.sync_every, chunks(parts) - 1)
   flight = state.in_flight
   mean, ledger, _ = chunks_lib.chunk_mean(flight.message, index, state.ledger, parts.axis_name)
   means = jax.lax.dynamic_update_index_in_dim(flight.means, mean, index, 0)
@@ -209,18 +212,85 @@ def check(name, r, sync_every, fragments, moment_periods, decays):
   return merge
 
 
-def window_step(parts, grads, state, params, local_updates, count):
+def overlap_phase(step: int, *, sync_every: int, overlap: Any) -> str:
+  """The phase of update number ``step`` of an optimizer built with ``overlap``: pass it
+  as ``update(..., overlap_phase=...)``, a static value (MATH.md §9).
+
+  ``"send"`` when that update sends a chunk of the message in flight (every update
+  with ``overlap="round"``; with an int ``overlap=tau``, the first tau updates of every
+  round after the first), else ``"local"``. Compiled with ``"send"``, a step's chunk is
+  one collective outside any conditional that reads only the state carried in, which
+  XLA may run under the step's forward and backward pass; so a training step jitted
+  with the phase static compiles two programs, each once. The phase only places the
+  collective: a wrong one costs a chunk sent for nothing (``"send"``) or the chunk sent
+  inside a conditional (``"local"``), never a wrong number; without it every step takes
+  the traced path (the same numbers, the chunks inside a conditional).
+
+  Args:
+    step: the number of updates before this one (the optimizer's step count, 0 first),
+      a Python int computed on the host.
+    sync_every: K, the optimizer's ``sync_every``.
+    overlap: the optimizer's ``overlap``.
+
+  Returns:
+    ``"send"`` or ``"local"``.
+
+  Examples:
+    >>> import lordo_jax
+    >>> [lordo_jax.overlap_phase(s, sync_every=4, overlap=2) for s in range(9)]
+    ['local', 'local', 'local', 'local', 'send', 'send', 'local', 'local', 'send']
+  """
+  if isinstance(step, jax.core.Tracer) or not isinstance(step, numbers.Integral) or step < 0:
+    raise TypeError(
+      f"overlap_phase: step={step!r} must be a non-negative Python int, the count of "
+      "updates so far kept on the host (a training loop's counter), not a traced value."
+    )
+  if overlap == "round":
+    return "send"
+  if not overlap:
+    return "local"
+  return "send" if step >= sync_every and step % sync_every < overlap else "local"
+
+
+def check_phase(name: str, overlap: Any, phase: Any) -> None:
+  """``update(..., overlap_phase=phase)``, checked against the optimizer's ``overlap``."""
+  if phase is None:
+    return
+  if isinstance(phase, jax.Array) or phase not in PHASES:
+    raise ValueError(
+      f"{name}: overlap_phase={phase!r} is not a phase; expected a static 'send' or "
+      "'local' from lordo_jax.overlap_phase(step, sync_every=..., overlap=...)."
+    )
+  if not overlap and phase == "send":
+    raise ValueError(
+      f"{name}: overlap_phase='send' was given, but this optimizer was built with "
+      "overlap=None, which sends nothing between syncs; build it with an overlap."
+    )
+  if overlap == "round" and phase != "send":
+    raise ValueError(
+      f"{name}: overlap_phase={phase!r} with overlap='round', where every step sends a "
+      "chunk; pass 'send' or no phase."
+    )
+
+
+def window_step(parts, grads, state, params, local_updates, count, phase=None):
   """``overlap=tau``: the chunks at steps t0+1 .. t0+tau, the landing at t0+tau and the
-  freeze at a boundary, each in a conditional (no overlap on this path yet)."""
+  freeze at a boundary. With ``phase="send"`` the chunk is sent unconditionally (kept
+  only on a step that sends, :func:`overlap_phase`), otherwise inside a conditional."""
   k, tau = parts.sync_every, parts.overlap
   in_flight = count > k  # a message was frozen at a previous boundary
   sending = in_flight & ((count - 1) % k < tau)
-  in_flight_state, ledger = jax.lax.cond(
-    sending,
-    lambda s: send_chunk(parts, s, count),
-    lambda s: (s.in_flight, s.ledger),
-    state,
-  )
+  if phase == "send":
+    sent, ledger = send_chunk(parts, state, count)
+    means = jnp.where(sending, sent.means, state.in_flight.means)
+    in_flight_state = sent._replace(means=means)
+  else:
+    in_flight_state, ledger = jax.lax.cond(
+      sending,
+      lambda s: send_chunk(parts, s, count),
+      lambda s: (s.in_flight, s.ledger),
+      state,
+    )
   state = state._replace(in_flight=in_flight_state, ledger=ledger)
   local_params = optax.apply_updates(params, local_updates)
   state, new_params = jax.lax.cond(

@@ -61,8 +61,9 @@ class RoundOptions:
     "round's message is averaged during the next round, one chunk per step, in one "
     "collective outside any conditional that XLA may overlap with the step's compute, "
     "and lands at the next boundary; or tau, an int in [1, K): it is averaged during "
-    "the next tau steps and lands at the tau-th (the numbers of MATH.md §9; the chunks "
-    "are sent inside a conditional, so they do not overlap yet). With ``fragments=1``, "
+    "the next tau steps and lands at the tau-th (MATH.md §9; the chunk is outside any "
+    "conditional in the steps given ``update(..., overlap_phase='send')``, "
+    ":func:`lordo_jax.overlap_phase`). With ``fragments=1``, "
     "an int ``sync_every`` and no compression, fault tolerance or offload.",
     None,
   )

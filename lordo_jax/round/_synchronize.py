@@ -220,7 +220,10 @@ def synchronize(
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``; extra args other than
-    ``worker_present`` go to ``inner``.
+    ``worker_present`` and ``overlap_phase`` go to ``inner``. With an int ``overlap``,
+    ``update(..., overlap_phase=lordo_jax.overlap_phase(step, ...))``, a static value,
+    compiles the steps that send a chunk with the chunk outside any conditional
+    (:func:`lordo_jax.overlap_phase`); without it the same numbers, no overlap.
 
   Examples:
     >>> import jax.numpy as jnp, optax, lordo_jax
@@ -272,10 +275,22 @@ def synchronize(
   )
 
 
-def _update(parts: _Round, grads, state, params=None, *, worker_present=True, **extra_args):
+def _update(
+  parts: _Round,
+  grads,
+  state,
+  params=None,
+  *,
+  worker_present=True,
+  overlap_phase=None,
+  **extra_args,
+):
   """One step of :func:`synchronize`: the local step, and the rounds that end now."""
+  overlap_lib.check_phase(parts.name, parts.overlap, overlap_phase)
   if parts.overlap:
-    return _update_in_flight(parts, grads, state, params, worker_present, **extra_args)
+    return _update_in_flight(
+      parts, grads, state, params, worker_present, overlap_phase, **extra_args
+    )
   averaging = parts.averaging
   _check_update(parts.name, params, parts.axis_name, parts.fault_tolerant, worker_present)
   if parts.offload:  # A state placed in device memory (device_put of init) moves now.
@@ -444,7 +459,7 @@ def _check_update(name, params, axis_name, fault_tolerant, worker_present):
     )
 
 
-def _update_in_flight(parts: _Round, grads, state, params, worker_present, **extra_args):
+def _update_in_flight(parts: _Round, grads, state, params, worker_present, phase, **extra_args):
   """One step with a message in flight: a whole round's, or a window of tau steps."""
   _check_update(parts.name, params, parts.axis_name, parts.fault_tolerant, worker_present)
   count = optax.safe_int32_increment(state.count)
@@ -455,5 +470,6 @@ def _update_in_flight(parts: _Round, grads, state, params, worker_present, **ext
   state = state._replace(inner_state=inner_state, ledger=ledger)
   local_updates, inner_state = parts.inner.update(grads, state.inner_state, params, **extra_args)
   state = state._replace(count=count, inner_state=inner_state)
-  step = overlap_lib.round_step if parts.overlap == "round" else overlap_lib.window_step
-  return step(parts, grads, state, params, local_updates, count)
+  if parts.overlap == "round":
+    return overlap_lib.round_step(parts, grads, state, params, local_updates, count)
+  return overlap_lib.window_step(parts, grads, state, params, local_updates, count, phase)

@@ -53,3 +53,32 @@ def test_multi_host_section_names_the_launcher_and_its_options():
       option in body and f'"{option}"' in (ROOT / "examples" / "multiprocess_job.py").read_text()
     )
   assert "Multi-host" in launcher  # the launcher's docstring points here
+
+
+_OVERLAP_SETUP = """
+import jax, jax.numpy as jnp, optax, lordo_jax
+from flax import nnx
+
+model = nnx.Linear(8, 4, rngs=nnx.Rngs(0))
+optimizer = nnx.Optimizer(
+  model, lordo_jax.lordo(3e-2, rank=2, sync_every=16, overlap=2), wrt=nnx.Param
+)
+target = jax.random.normal(jax.random.key(1), (8, 4))
+xs = jax.random.normal(jax.random.key(2), (40, 16, 8))
+batches = [(x, x @ target) for x in xs]
+
+def loss_fn(model, batch):
+  x, y = batch
+  return jnp.mean((model(x) - y) ** 2)
+
+first = float(loss_fn(model, batches[0]))
+phases, phase_of = [], lordo_jax.overlap_phase
+lordo_jax.overlap_phase = lambda *a, **k: phases.append(phase_of(*a, **k)) or phases[-1]
+"""
+
+
+def test_overlap_phase_example_learns_with_its_phases():
+  code = python_blocks(section("Overlapped synchronisation\n"))[1]
+  check = "\nprint(phases.count('send'), float(loss_fn(model, batches[0])) < first / 2)\n"
+  # 40 steps, K = 16, tau = 2: the steps numbered 16, 17, 32 and 33 send a chunk.
+  assert run(_OVERLAP_SETUP + code + check).split()[-2:] == ["4", "True"]

@@ -28,24 +28,28 @@ def reference_grads(m, t, params):
   return CENTRES[m] * np.cos(t) + 0.3 * params
 
 
-def library_run(tx) -> list[np.ndarray]:
-  """Every worker's params after each step: grads as ``reference_grads`` gives them."""
-  per_step = workers.on_workers(lambda p, s, c, t: _step(tx, p, s, c, t), M)
+def library_run(tx, phase=lambda step: None) -> list[np.ndarray]:
+  """Every worker's params after each step: grads as ``reference_grads`` gives them;
+  ``phase(step)`` is each update's static ``overlap_phase`` (one program per phase)."""
+  programs = {}
   params = workers.stack(jnp.asarray(PARAMS0, jnp.float32), M)
   state = workers.stack(tx.init(params[0]), M)
   centres = jnp.asarray(CENTRES, jnp.float32)
   history = []
   for t in range(1, STEPS + 1):
+    p = phase(t - 1)
+    if p not in programs:
+      programs[p] = workers.on_workers(functools.partial(_step, tx, phase=p), M)
     # Each step waits for its outputs (jaxlib 0.10 CPU: no two executions in flight).
-    step = per_step(params, state, centres, jnp.full((M,), t, jnp.float32))
+    step = programs[p](params, state, centres, jnp.full((M,), t, jnp.float32))
     params, state = jax.block_until_ready(step)
     history.append(np.asarray(params))
   return history, state
 
 
-def _step(tx, params, state, centre, t):
+def _step(tx, params, state, centre, t, phase=None):
   grads = centre * jnp.cos(t) + 0.3 * params
-  updates, state = tx.update(grads, state, params)
+  updates, state = tx.update(grads, state, params, overlap_phase=phase)
   return optax.apply_updates(params, updates), state
 
 
@@ -103,12 +107,12 @@ def test_every_step_sends_one_chunk_and_the_ledger_counts_it():
   assert calls == STEPS and elements == STEPS * chunk and nbytes == 4 * elements
 
 
-def _compiled_step(tx) -> tuple[str, set[int]]:
+def _compiled_step(tx, phase=None) -> tuple[str, set[int]]:
   params = workers.stack({"w": jnp.ones((16, 8)), "b": jnp.zeros(8)}, M)
   state = workers.stack(tx.init(jax.tree.map(lambda x: x[0], params)), M)
   mesh = jax.make_mesh((M,), (workers.AXIS,))
   body = lambda p, s, g: jax.tree.map(  # noqa: E731
-    lambda x: x[None], _one(tx, *jax.tree.map(lambda x: x[0], (p, s, g)))
+    lambda x: x[None], _one(tx, *jax.tree.map(lambda x: x[0], (p, s, g)), phase)
   )
   spec = jax.sharding.PartitionSpec(workers.AXIS)
   step = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec), keep_unused=True)
@@ -119,12 +123,12 @@ def _compiled_step(tx) -> tuple[str, set[int]]:
   return text, computed
 
 
-def _one(tx, params, state, grads):
-  updates, state = tx.update(grads, state, params)
+def _one(tx, params, state, grads, phase):
+  updates, state = tx.update(grads, state, params, overlap_phase=phase)
   return optax.apply_updates(params, updates), state
 
 
-@pytest.mark.parametrize(
+METHODS = pytest.mark.parametrize(
   "method",
   [
     functools.partial(lordo_jax.diloco, LR, sync_every=K),
@@ -132,6 +136,9 @@ def _one(tx, params, state, grads):
   ],
   ids=["diloco", "lordo"],
 )
+
+
+@METHODS
 def test_the_chunk_is_a_top_level_collective_of_carried_state(method):
   text, computed = _compiled_step(method(axis_name=workers.AXIS, overlap="round"))
   assert hlo.overlappable(text, computed)
@@ -209,3 +216,72 @@ def test_a_window_sends_tau_chunks_a_round():
 def test_a_window_refuses_what_it_cannot_do(options, refused):
   with pytest.raises(ValueError, match=refused):
     lordo_jax.diloco(LR, sync_every=K, **options)
+
+
+def _phase_of(tau):
+  return lambda step: lordo_jax.overlap_phase(step, sync_every=K, overlap=tau)
+
+
+@pytest.mark.parametrize("tau", [1, 2])
+@pytest.mark.parametrize("merge", ["rebase", "streaming"])
+def test_the_static_phase_gives_the_traced_paths_numbers(tau, merge):
+  alpha = 0.5 if merge == "streaming" else 0.0
+  tx = lordo_jax.local_adam(
+    LR, sync_every=K, axis_name=workers.AXIS, overlap=tau, merge=merge, merge_alpha=alpha
+  )
+  traced, traced_state = library_run(tx)
+  static, static_state = library_run(tx, _phase_of(tau))
+  np.testing.assert_array_equal(np.stack(static), np.stack(traced))
+  assert workers.ledger_numbers(static_state.ledger) == workers.ledger_numbers(traced_state.ledger)
+
+
+@pytest.mark.parametrize("wrong", ["send", "local"])
+def test_a_wrong_phase_costs_bytes_never_numbers(wrong):
+  tau = 2
+  tx = lordo_jax.diloco(LR, sync_every=K, axis_name=workers.AXIS, overlap=tau)
+  traced, traced_state = library_run(tx)
+  wrong_run, wrong_state = library_run(tx, lambda step: wrong)
+  np.testing.assert_array_equal(np.stack(wrong_run), np.stack(traced))
+  calls = workers.ledger_numbers(wrong_state.ledger)[2]
+  assert calls == (STEPS if wrong == "send" else workers.ledger_numbers(traced_state.ledger)[2])
+
+
+@METHODS
+def test_a_window_sends_its_chunk_outside_any_conditional_in_the_send_program(method):
+  tx = method(axis_name=workers.AXIS, overlap=2)
+  text, computed = _compiled_step(tx, "send")
+  assert hlo.overlappable(text, computed)
+  assert len(hlo.collective_inputs(text)) == 1
+  local, computed = _compiled_step(tx, "local")  # the traced path: inside a conditional
+  assert hlo.collectives_by_depth(local).keys() == {1}
+  assert not hlo.overlappable(local, computed)
+
+
+def test_the_phase_of_every_step():
+  assert [lordo_jax.overlap_phase(s, sync_every=3, overlap=2) for s in range(8)] == [
+    *["local"] * 3,
+    "send",
+    "send",
+    "local",
+    "send",
+    "send",
+  ]
+  assert lordo_jax.overlap_phase(5, sync_every=3, overlap="round") == "send"
+  assert lordo_jax.overlap_phase(5, sync_every=3, overlap=None) == "local"
+  with pytest.raises(TypeError, match="must be a non-negative Python int"):
+    jax.jit(lambda s: lordo_jax.overlap_phase(s, sync_every=3, overlap=2))(1)
+
+
+@pytest.mark.parametrize(
+  "overlap, phase, refused",
+  [
+    (2, "sending", "overlap_phase='sending' is not a phase"),
+    (None, "send", "built with overlap=None"),
+    ("round", "local", "overlap_phase='local' with overlap='round'"),
+  ],
+)
+def test_a_phase_that_does_not_fit_is_refused(overlap, phase, refused):
+  tx = lordo_jax.diloco(LR, sync_every=K, overlap=overlap)
+  params = {"w": jnp.ones(3)}
+  with pytest.raises(ValueError, match=refused):
+    tx.update(params, tx.init(params), params, overlap_phase=phase)
