@@ -1,9 +1,9 @@
 """A message sent in equal chunks, one per step, each a counted, unconditional collective.
 
-The building block of overlapped synchronisation (MATH.md §9): :func:`freeze` lays a
-tree out as one ``chunks x size`` buffer, :func:`chunk_mean` averages one row of it,
-and :func:`thaw` turns the averaged buffer back into the tree. Every chunk has the same
-shape, so one compiled program sends any of them.
+The building block of overlapped synchronisation (MATH.md §9): :func:`freeze` lays
+trees out as one ``chunks x width`` buffer, :func:`chunk_mean` averages one row of it
+(each part of the row with its own codec), and :func:`thaw` turns the averaged buffer
+back into the trees. Every chunk has the same shape, so one program sends any of them.
 """
 
 import math
@@ -22,29 +22,51 @@ def chunk_size(tree: Any, chunks: int) -> int:
   return max(1, -(-total // chunks))
 
 
-def freeze(tree: Any, chunks: int) -> jax.Array:
-  r"""``tree`` as a float32 ``chunks x size`` buffer: its leaves raveled in order and
-  concatenated, zero-padded to ``chunks * size`` (:func:`chunk_size`).
+def widths(parts: tuple, chunks: int) -> tuple[int, ...]:
+  """Each part's columns in a buffer of ``chunks`` rows (:func:`chunk_size`; 0 for a
+  part with no leaves)."""
+  return tuple(chunk_size(p, chunks) if jax.tree.leaves(p) else 0 for p in parts)
 
-  Chunk j is row j: a contiguous slice of the message, so the mean of the chunks is
-  the chunks of the mean, element by element, whatever the split.
-  """
+
+def _rows(tree: Any, chunks: int) -> jax.Array:
+  """One tree as a float32 ``chunks x chunk_size`` block, zero-padded."""
   flat = [jnp.ravel(x).astype(jnp.float32) for x in jax.tree.leaves(tree)]
   size = chunk_size(tree, chunks)
   buffer = jnp.concatenate([*flat, jnp.zeros((0,), jnp.float32)])
-  buffer = jnp.pad(buffer, (0, chunks * size - buffer.shape[0]))
-  return buffer.reshape(chunks, size)
+  return jnp.pad(buffer, (0, chunks * size - buffer.shape[0])).reshape(chunks, size)
 
 
-def thaw(buffer: jax.Array, like: Any) -> Any:
-  """The inverse of :func:`freeze`: a tree shaped and typed like ``like``."""
+def freeze(parts: tuple, chunks: int) -> jax.Array:
+  r"""The trees ``parts`` as one float32 ``chunks x width`` buffer.
+
+  Each part's leaves are raveled in order, concatenated and zero-padded to a multiple
+  of ``chunks`` (:func:`chunk_size`), and cut into ``chunks`` rows; the parts' blocks
+  sit side by side (:func:`widths`). Chunk j, row j, is the j-th contiguous slice of
+  every part, so the mean of the chunks is the chunks of the mean, element by element,
+  whatever the split, and a part's slice is the same elements in every round (a
+  codec's residual follows them).
+  """
+  blocks = [_rows(p, chunks) for p, w in zip(parts, widths(parts, chunks), strict=True) if w]
+  return jnp.concatenate([*blocks, jnp.zeros((chunks, 0), jnp.float32)], axis=1)
+
+
+def _thaw_one(block: jax.Array, like: Any) -> Any:
   leaves, treedef = jax.tree.flatten(like)
-  flat, start, out = buffer.reshape(-1), 0, []
+  flat, start, out = block.reshape(-1), 0, []
   for x in leaves:
     n = math.prod(x.shape)
     out.append(flat[start : start + n].reshape(x.shape).astype(x.dtype))
     start += n
   return jax.tree.unflatten(treedef, out)
+
+
+def thaw(buffer: jax.Array, likes: tuple) -> tuple:
+  """The inverse of :func:`freeze`: trees shaped and typed like ``likes``."""
+  out, start = [], 0
+  for like, width in zip(likes, widths(likes, buffer.shape[0]), strict=True):
+    out.append(_thaw_one(buffer[:, start : start + width], like))
+    start += width
+  return tuple(out)
 
 
 def chunk_mean(
@@ -53,29 +75,46 @@ def chunk_mean(
   ledger: collectives.Ledger,
   axis_name: str | None,
   *,
-  compression_codec: str | None = None,
+  codecs: tuple = (),
+  parts: tuple[int, ...] = (),
   residual: jax.Array | None = None,
 ):
-  r"""The workers' mean of chunk ``index`` of ``buffer``, in one counted collective.
+  r"""The workers' mean of chunk ``index`` of ``buffer``, counted.
 
   .. math::
     \bar C_j = \mathrm{pmean}_m(B_m[j])
 
-  ``index`` may be traced (the step's position in the round): the collective is the
-  same at every step, outside any conditional, and its operand is a slice of
-  ``buffer``, so when ``buffer`` is carried in the state the collective depends on
-  nothing the step computes and may run under its compute. With a codec the chunk is
-  sent as :func:`lordo_jax.comm._collectives.counted_mean` sends a leaf, its error
-  feedback in row ``index`` of ``residual`` (the scales follow the chunk's rows).
+  ``index`` may be traced (the step's position in the round): the collectives are the
+  same at every step, outside any conditional, and their operand is a slice of
+  ``buffer``, so when ``buffer`` is carried in the state they depend on nothing the
+  step computes and may run under its compute. Without a codec the row is one
+  all-reduce. With ``codecs``, one per part of the row (``parts``, its
+  :func:`widths`), each part is sent as
+  :func:`lordo_jax.comm._collectives.counted_mean` sends a leaf (the scales follow the
+  part's rows), one part after the other; the first part's error feedback is row
+  ``index`` of ``residual``.
 
   Returns:
     ``(mean chunk, ledger, residual)``: the chunk is ``buffer``'s row shape.
   """
   row = jax.lax.dynamic_index_in_dim(buffer, index, keepdims=False)
+  if not any(codecs):
+    mean, ledger = collectives.counted_pmean(row, ledger, axis_name)
+    return mean, ledger, residual
   own = None if residual is None else jax.lax.dynamic_index_in_dim(residual, index, keepdims=False)
-  mean, ledger, own = collectives.counted_mean(
-    row, ledger, axis_name, compression_codec=compression_codec, residual=own
-  )
+  means, start = [], 0
+  for i, (width, codec) in enumerate(zip(parts, codecs, strict=True)):
+    if not width:
+      continue
+    piece = row[start : start + width]
+    if means:  # One collective at a time (see counted_mean).
+      piece, _ = jax.lax.optimization_barrier((piece, means[-1]))
+    mean, ledger, fed = collectives.counted_mean(
+      piece, ledger, axis_name, compression_codec=codec, residual=own if i == 0 else None
+    )
+    own = fed if i == 0 else own
+    means.append(mean)
+    start += width
   if residual is not None:
     residual = jax.lax.dynamic_update_index_in_dim(residual, own, index, 0)
-  return mean, ledger, residual
+  return jnp.concatenate(means), ledger, residual

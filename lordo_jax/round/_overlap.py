@@ -17,6 +17,7 @@ import optax
 
 from lordo_jax import _checks as checks
 from lordo_jax.comm import _chunks as chunks_lib
+from lordo_jax.comm import _compression as compression_lib
 from lordo_jax.round import _moment_trees as moment_trees
 from lordo_jax.round import _outer_step as outer_lib
 
@@ -26,16 +27,27 @@ PHASES = ("send", "local")  # update(..., overlap_phase=...): a static value
 
 
 class InFlight(NamedTuple):
-  """The round's message in flight, each a ``K x size`` float32 buffer (one row a chunk)."""
+  """The round's message in flight, each a float32 buffer of one row per chunk
+  (:func:`lordo_jax.comm._chunks.freeze`)."""
 
   message: jax.Array  # This worker's frozen message: D_m, then the moments U_m, V_m.
   means: jax.Array  # The workers' means of the chunks sent so far.
+  residual: Any = ()  # With compression: the error feedback of D_m's columns, per chunk.
 
 
 def _message(parts, delta, inner_state) -> tuple:
-  """What a boundary freezes: the pseudo-gradient and the moments averaged every sync."""
+  """What a boundary freezes, in two parts: the pseudo-gradient, and the moments
+  averaged every sync (each sent with its codec)."""
   fields = [f for _, group in parts.moment_groups for f in group]
-  return (delta, *(moment_trees.moment_tree(inner_state, f) for f in fields))
+  return (delta, tuple(moment_trees.moment_tree(inner_state, f) for f in fields))
+
+
+def _codecs(parts) -> tuple:
+  """The codecs of the message's two parts: ``compression`` for the pseudo-gradient,
+  the moments' own (:data:`lordo_jax.comm._compression.MOMENT_CODECS`)."""
+  if parts.compression is None:
+    return ()
+  return (parts.compression, compression_lib.MOMENT_CODECS[parts.compression])
 
 
 def chunks(parts) -> int:
@@ -47,7 +59,10 @@ def init(parts, params, inner_state) -> InFlight:
   """Nothing in flight before the first boundary: zeros (a mean of zero lands there)."""
   like = _message(parts, params, inner_state)
   zeros = jnp.zeros_like(chunks_lib.freeze(like, chunks(parts)))
-  return InFlight(message=zeros, means=zeros)
+  residual = ()
+  if parts.compression is not None:
+    residual = jnp.zeros_like(chunks_lib.freeze(like[:1], chunks(parts)))
+  return InFlight(message=zeros, means=zeros, residual=residual)
 
 
 def send_chunk(parts, state, count):
@@ -55,9 +70,24 @@ def send_chunk(parts, state, count):
   ``(in_flight, ledger)``."""
   index = jnp.minimum((count - 1) % parts.sync_every, chunks(parts) - 1)
   flight = state.in_flight
-  mean, ledger, _ = chunks_lib.chunk_mean(flight.message, index, state.ledger, parts.axis_name)
+  widths = chunks_lib.widths(_message(parts, *_likes(parts, state)), chunks(parts))
+  mean, ledger, residual = chunks_lib.chunk_mean(
+    flight.message,
+    index,
+    state.ledger,
+    parts.axis_name,
+    codecs=_codecs(parts),
+    parts=widths,
+    residual=flight.residual if parts.compression else None,
+  )
   means = jax.lax.dynamic_update_index_in_dim(flight.means, mean, index, 0)
-  return flight._replace(means=means), ledger
+  return flight._replace(means=means, residual=residual if parts.compression else ()), ledger
+
+
+def _likes(parts, state):
+  """(a tree like the pseudo-gradient, the inner state): the message's shapes."""
+  like = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, jnp.float32), state.anchor)
+  return like, state.inner_state
 
 
 def land(parts, state, params, local_updates, grads):
@@ -81,7 +111,7 @@ def land(parts, state, params, local_updates, grads):
   local_params = optax.apply_updates(params, local_updates)
   delta = jax.tree.map(lambda a, p: (a - p).astype(jnp.float32), state.anchor, local_params)
   fresh = _message(parts, delta, state.inner_state)
-  old, mean = (chunks_lib.thaw(b, fresh) for b in state.in_flight)
+  old, mean = (chunks_lib.thaw(b, fresh) for b in state.in_flight[:2])
   direction = mean[0]
   if parts.merge == "eager":
     workers = 1 if parts.axis_name is None else jax.lax.axis_size(parts.axis_name)
@@ -90,7 +120,7 @@ def land(parts, state, params, local_updates, grads):
     parts.outer, None, state.anchor, direction, state.outer_state[0], jnp.float32(1)
   )
   inner_state = _corrected_moments(
-    parts, state.inner_state, old[1:], mean[1:], landed, parts.sync_every
+    parts, state.inner_state, old[1], mean[1], landed, parts.sync_every
   )
   inner_state = parts.refresh.at_sync(inner_state, mean[0], grads, None, landed)
   return state._replace(
@@ -98,7 +128,7 @@ def land(parts, state, params, local_updates, grads):
     anchor=anchor,
     outer_state=(outer_state,),
     syncs=state.syncs + 1,
-    in_flight=InFlight(chunks_lib.freeze(fresh, chunks(parts)), state.in_flight.means),
+    in_flight=state.in_flight._replace(message=chunks_lib.freeze(fresh, chunks(parts))),
   )
 
 
@@ -124,7 +154,7 @@ def land_window(parts, state, params, local_updates, grads):
   """
   local_params = optax.apply_updates(params, local_updates)
   like = _message(parts, jax.tree.map(lambda p: p.astype(jnp.float32), params), state.inner_state)
-  old, mean = (chunks_lib.thaw(b, like) for b in state.in_flight)
+  old, mean = (chunks_lib.thaw(b, like) for b in state.in_flight[:2])
   anchor, outer_state = outer_lib.outer_step(
     parts.outer, None, state.anchor, mean[0], state.outer_state[0], jnp.float32(1)
   )
@@ -140,7 +170,7 @@ def land_window(parts, state, params, local_updates, grads):
     alpha = parts.merge_alpha
     merged = jax.tree.map(lambda new, x: alpha * x + (1 - alpha) * new, anchor, local_params)
   inner_state = _corrected_moments(
-    parts, state.inner_state, old[1:], mean[1:], jnp.float32(1), parts.overlap
+    parts, state.inner_state, old[1], mean[1], jnp.float32(1), parts.overlap
   )
   inner_state = parts.refresh.at_sync(inner_state, mean[0], grads, None, jnp.float32(1))
   state = state._replace(
@@ -188,7 +218,6 @@ def check(name, r, sync_every, fragments, moment_periods, decays):
   refused = {  # option: (its value, whether it is refused, why)
     "fragments": (fragments, fragments != 1, "the round already streams, one chunk a step"),
     "sync_every": (sync_every, callable(sync_every), "the round's length must be a fixed int"),
-    "compression": (r.compression, r.compression is not None, "chunks go uncompressed for now"),
     "fault_tolerant": (r.fault_tolerant, r.fault_tolerant, "a late message has no presence"),
     "offload": (r.offload, r.offload, "the message in flight lives on the device for now"),
   }

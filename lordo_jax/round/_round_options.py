@@ -64,7 +64,7 @@ class RoundOptions:
     "the next tau steps and lands at the tau-th (MATH.md §9; the chunk is outside any "
     "conditional in the steps given ``update(..., overlap_phase='send')``, "
     ":func:`lordo_jax.overlap_phase`). With ``fragments=1``, "
-    "an int ``sync_every`` and no compression, fault tolerance or offload.",
+    "an int ``sync_every`` and no fault tolerance or offload.",
     None,
   )
   merge: str | None = keywords.option(

@@ -51,7 +51,7 @@ class SynchronizeState(NamedTuple):
   syncs: jax.Array  # int32[F]: syncs completed, per fragment.
   next_sync: jax.Array  # int32 scalar: the step that ends the current round.
   residual: Any  # float32 like params: compression error feedback; () without compression.
-  in_flight: Any = ()  # overlap="round": the message in flight (_overlap.InFlight); () without.
+  in_flight: Any = ()  # With overlap: the message in flight (_overlap.InFlight); () without.
 
 
 class _Round(NamedTuple):
@@ -72,6 +72,7 @@ class _Round(NamedTuple):
   merge: str | None = None  # How it lands: "eager", "delayed", "rebase" or "streaming".
   merge_alpha: float = 0.0  # The streaming merge's weight of the worker's parameters.
   moment_decays: tuple = (0.9, 0.999)  # (b1, b2) of the inner optimizer's moments.
+  compression: str | None = None  # The codec of the pseudo-gradient, if any.
 
 
 def _check_options(name, sync_every, fragments, compression, fault_tolerant, moment_periods):
@@ -266,6 +267,7 @@ def synchronize(
     merge=merge,
     merge_alpha=r.merge_alpha,
     moment_decays=moment_decays or (0.9, 0.999),
+    compression=compression,
   )
 
   init_fn = functools.partial(_init, parts)
@@ -371,8 +373,9 @@ def _init(parts: _Round, params) -> SynchronizeState:
     next_sync=schedules.round_length(parts.sync_every, 0),
     residual=parts.averaging.init_residual(params),
   )
-  if parts.overlap:
-    state = state._replace(in_flight=overlap_lib.init(parts, params, state.inner_state))
+  if parts.overlap:  # The message's residual is per chunk, in the message in flight.
+    in_flight = overlap_lib.init(parts, params, state.inner_state)
+    state = state._replace(residual=(), in_flight=in_flight)
   return _placed(state, offload_lib.to_host) if parts.offload else state
 
 

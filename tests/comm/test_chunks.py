@@ -28,16 +28,27 @@ def _tree(seed=0):
 @pytest.mark.parametrize("chunks", [1, 3, 4, 30, 40])
 def test_freeze_then_thaw_is_the_tree_and_the_padding_is_zero(chunks):
   tree = _tree()
-  buffer = chunks_lib.freeze(tree, chunks)
+  buffer = chunks_lib.freeze((tree,), chunks)
   size = chunks_lib.chunk_size(tree, chunks)
   assert buffer.shape == (chunks, size) and size == -(-30 // chunks)
-  back = chunks_lib.thaw(buffer, tree)
+  (back,) = chunks_lib.thaw(buffer, (tree,))
   for name in tree:
     assert back[name].dtype == tree[name].dtype
     np.testing.assert_array_equal(
       np.asarray(back[name], np.float32), np.asarray(tree[name], np.float32)
     )
   np.testing.assert_array_equal(buffer.reshape(-1)[30:], 0.0)
+
+
+def test_parts_sit_side_by_side_each_cut_into_contiguous_rows():
+  first, second, empty = _tree(0), {"u": jnp.arange(10.0)}, ()
+  buffer = chunks_lib.freeze((first, empty, second), 4)
+  assert chunks_lib.widths((first, empty, second), 4) == (8, 0, 3)
+  assert buffer.shape == (4, 11)
+  np.testing.assert_array_equal(buffer[:, 8:].reshape(-1)[:10], np.arange(10.0))
+  np.testing.assert_array_equal(buffer[:, :8], chunks_lib.freeze((first,), 4))
+  back = chunks_lib.thaw(buffer, (first, empty, second))
+  assert back[1] == () and np.array_equal(back[2]["u"], np.arange(10.0))
 
 
 def _mesh():
@@ -60,7 +71,7 @@ def test_the_chunks_means_are_the_means_chunks_bit_for_bit_and_each_is_counted()
 
   def body(tree):
     tree = jax.tree.map(lambda x: x[0], tree)
-    buffer = chunks_lib.freeze(tree, chunks)
+    buffer = chunks_lib.freeze((tree,), chunks)
     ledger, rows = collectives.init_ledger(), []
     for j in range(chunks):
       mean, ledger, _ = chunks_lib.chunk_mean(buffer, jnp.int32(j), ledger, "workers")
@@ -75,26 +86,33 @@ def test_the_chunks_means_are_the_means_chunks_bit_for_bit_and_each_is_counted()
   assert collectives.ledger_total(one) == (chunks * size, chunks * size * 4)
 
 
-def test_a_compressed_chunk_feeds_its_rounding_back_into_its_own_row_only():
+def test_a_compressed_chunk_feeds_its_first_parts_rounding_back_into_its_own_row_only():
   stacked = jnp.asarray(np.random.default_rng(3).normal(size=(WORKERS, 4, 16)), jnp.float32)
 
   def body(buffer):
     buffer = buffer[0]
-    residual = jnp.zeros_like(buffer)
-    mean, _, residual = chunks_lib.chunk_mean(
+    residual = jnp.zeros((4, 12), jnp.float32)
+    mean, ledger, residual = chunks_lib.chunk_mean(
       buffer,
       jnp.int32(2),
       collectives.init_ledger(),
       "workers",
-      compression_codec="int8",
+      codecs=("int8", "bfloat16"),
+      parts=(12, 4),
       residual=residual,
     )
-    return mean[None], residual[None]
+    return jax.tree.map(lambda x: x[None], (mean, residual, ledger))
 
-  mean, residual = _per_worker(body, stacked)
-  np.testing.assert_allclose(mean[0], stacked[:, 2].mean(0), atol=0.05)
+  mean, residual, ledger = _per_worker(body, stacked)
+  exact = stacked[:, 2].mean(0)
+  np.testing.assert_allclose(mean[0, :12], exact[:12], atol=0.05)  # int8: absolute steps
+  np.testing.assert_allclose(mean[0, 12:], exact[12:], rtol=2**-7)  # bfloat16: relative
+  assert np.abs(mean[0, 12:] - exact[12:]).max() > 0  # rounded, not sent in float32
   assert np.abs(residual[:, 2]).max() > 0
   np.testing.assert_array_equal(np.delete(residual, 2, axis=1), 0.0)
+  # int8 values and one float32 scale per row of each worker's shard, bfloat16 values.
+  one = jax.tree.map(lambda x: x[0], ledger)
+  assert collectives.ledger_total(one)[1] == 12 + 4 * WORKERS + 2 * 4
 
 
 def _step_hlo(message_of) -> str:
@@ -130,5 +148,5 @@ def test_a_chunk_of_a_carried_message_can_overlap_the_step():
 
 
 def test_a_chunk_of_a_message_made_this_step_cannot():
-  text = _step_hlo(lambda buffer, grads, chunks: chunks_lib.freeze(grads, chunks))
+  text = _step_hlo(lambda buffer, grads, chunks: chunks_lib.freeze((grads,), chunks))
   assert not hlo.overlappable(text, {PARAMS, GRADS})

@@ -17,6 +17,7 @@ import pytest
 import workers
 
 import lordo_jax
+from lordo_jax.comm import _chunks as chunks_lib
 
 M, K, STEPS, LR = 4, 3, 10, 0.05
 RNG = np.random.default_rng(0)
@@ -151,7 +152,6 @@ def test_the_chunk_is_a_top_level_collective_of_carried_state(method):
   "options, refused",
   [
     (dict(fragments=2), "fragments=2 is not available with overlap='round'"),
-    (dict(compression="int8"), "compression='int8' is not available"),
     (dict(fault_tolerant=True), "fault_tolerant=True is not available"),
     (dict(offload=True), "offload=True is not available"),
     (dict(merge="rebase"), "merge='rebase' is not accepted"),
@@ -285,3 +285,59 @@ def test_a_phase_that_does_not_fit_is_refused(overlap, phase, refused):
   params = {"w": jnp.ones(3)}
   with pytest.raises(ValueError, match=refused):
     tx.update(params, tx.init(params), params, overlap_phase=phase)
+
+
+def _fixed_grads_step(tx, params, state, centre, t):
+  updates, state = tx.update(centre * jnp.cos(t), state, params)
+  return optax.apply_updates(params, updates), state
+
+
+@pytest.mark.parametrize("codec", ["int8", "bfloat16"])
+@pytest.mark.parametrize("overlap, merge", [("round", "delayed"), (2, "streaming")])
+def test_compressed_chunks_lose_nothing_the_residual_does_not_hold(codec, overlap, merge):
+  """SGD inside on gradients that ignore the parameters: every pseudo-gradient is the
+  same with and without compression, so the anchor minus the workers' mean residual
+  (per chunk, MATH.md §9) is the uncompressed anchor, to float rounding."""
+  anchors = []
+  for compression in (None, codec):
+    tx = _sgd_inside(overlap=overlap, merge=merge, compression=compression)
+    step = workers.on_workers(functools.partial(_fixed_grads_step, tx), M)
+    params = workers.stack(jnp.asarray(PARAMS0, jnp.float32), M)
+    state = workers.stack(tx.init(params[0]), M)
+    for t in range(1, 4 * K + 1):
+      params, state = step(params, state, jnp.asarray(CENTRES), jnp.full((M,), t, jnp.float32))
+    anchor = np.asarray(state.anchor[0], np.float64)
+    if compression:
+      flight = state.in_flight
+      (fed,) = chunks_lib.thaw(np.mean(flight.residual, axis=0), (PARAMS0.astype(np.float32),))
+      assert np.abs(fed).max() > 1e-6  # something was rounded and held back
+      anchor = anchor - fed
+    anchors.append(anchor)
+  np.testing.assert_allclose(anchors[1], anchors[0], atol=2e-6)
+
+
+@METHODS
+@pytest.mark.parametrize("overlap, phase", [("round", None), (2, "send")])
+def test_compressed_chunks_are_top_level_collectives_of_carried_state(method, overlap, phase):
+  tx = method(axis_name=workers.AXIS, overlap=overlap, compression="int8")
+  text, computed = _compiled_step(tx, phase)
+  for op in ("all-to-all", "all-gather"):  # the reduce-scatter and the all-gather
+    assert hlo.overlappable(text, computed, op)
+  assert "all-reduce" not in text
+
+
+@pytest.mark.parametrize("overlap, merge", [("round", "eager"), (2, "rebase")])
+def test_int8_chunks_with_bfloat16_moments_stay_near_the_reference(overlap, merge):
+  tx = lordo_jax.local_adam(
+    LR, sync_every=K, axis_name=workers.AXIS, overlap=overlap, merge=merge, compression="int8"
+  )
+  tau = K if overlap == "round" else overlap
+  setup = ref.Setup(workers=M, sync_every=K, tau=tau, merge=merge, inner="adam", learning_rate=LR)
+  library, _ = library_run(tx)
+  expected = ref.run(setup, PARAMS0, reference_grads, STEPS)
+  gap = max(
+    np.abs(lib[m] - w.params).max()
+    for lib, ws in zip(library, expected, strict=True)
+    for m, w in enumerate(ws)
+  )
+  assert 0 < gap < 3e-3  # int8's steps of 1/127 of a row's largest, fed back
