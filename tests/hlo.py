@@ -106,9 +106,13 @@ def _entry(hlo_text: str) -> list[str]:
   return lines
 
 
-def collective_inputs(hlo_text: str, op: str = "all-reduce") -> list[set[int]]:
-  """For each ``op`` at the top level of a compiled module's entry computation, the
-  entry parameters (their numbers) it depends on, directly or through any instruction.
+def collective_inputs(
+  hlo_text: str, op: str = "all-reduce", groups: str | None = None
+) -> list[set[int]]:
+  """For each ``op`` at the top level of a compiled module's entry computation (with
+  ``groups``, only those whose ``replica_groups`` are that text: the collectives over
+  one mesh axis), the entry parameters (their numbers) it depends on, directly or
+  through any instruction.
 
   A collective can overlap the compute of its step only if it is at the top level (not
   in a conditional's branch or a loop's body) and depends on no parameter computed
@@ -126,7 +130,7 @@ def collective_inputs(hlo_text: str, op: str = "all-reduce") -> list[set[int]]:
     number = _PARAMETER.search(line)
     if opcode == "parameter" and number:
       parameters[name] = int(number.group(1))
-    if opcode in (op, f"{op}-start"):
+    if opcode in (op, f"{op}-start") and _in_groups(line, groups):
       collectives.append(name)
 
   def reached(name: str) -> set[int]:
@@ -141,10 +145,19 @@ def collective_inputs(hlo_text: str, op: str = "all-reduce") -> list[set[int]]:
   return [reached(name) for name in collectives]
 
 
-def overlappable(hlo_text: str, computed_this_step: set[int], op: str = "all-reduce") -> bool:
-  """Whether every ``op`` of the program could run under its step's compute: each one
-  at the top level of the entry computation (none in a conditional or a loop) and
-  none depending on the entry parameters ``computed_this_step``."""
-  top = collective_inputs(hlo_text, op)
-  everywhere = len(re.findall(rf"= [^=]*? {op}(?:-start)?\(", hlo_text))
+def _in_groups(line: str, groups: str | None) -> bool:
+  return groups is None or f"replica_groups={groups}" in line
+
+
+def overlappable(
+  hlo_text: str, computed_this_step: set[int], op: str = "all-reduce", groups: str | None = None
+) -> bool:
+  """Whether every ``op`` of the program (with ``groups``, every one over those replica
+  groups: the workers, not the collectives of a model split inside each worker) could
+  run under its step's compute: each one at the top level of the entry computation
+  (none in a conditional or a loop) and none depending on the entry parameters
+  ``computed_this_step``."""
+  top = collective_inputs(hlo_text, op, groups)
+  lines = re.findall(rf"^.*= [^=]*? {op}(?:-start)?\(.*$", hlo_text, re.M)
+  everywhere = sum(_in_groups(line, groups) for line in lines)
   return everywhere == len(top) > 0 and not any(reads & computed_this_step for reads in top)

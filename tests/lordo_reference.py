@@ -18,10 +18,11 @@ step by step:
   initial projection ``"gradient"``.
 * MATH.md §5 the three projections (``svd``, ``subspace_iteration``, ``dct``) with
   canonical signs.
-* The LoRDO authors' variants of ``docs/FIDELITY.md`` (TODOs 1-5), each a flag of
-  ``Config`` whose default is the mathematics': the full-rank term's numerator G + E
-  (``full_rank_numerator="error_fed"``), QHAdam inside the projection (``qh_nu``) and
-  on the full-rank path (``full_rank_nu``), the low-rank term without D
+* The LoRDO authors' variants (``docs/FIDELITY.md``, "The paper's variants as
+  options"), each a flag of ``Config`` whose default is the mathematics': the
+  full-rank term's numerator G + E (``full_rank_numerator="error_fed"``), QHAdam
+  inside the projection (``qh_nu``) and on the full-rank path (``full_rank_nu``), the
+  low-rank term without D
   (``low_rank_term="momentum"``), and GaLore's standard side (``side="galore_std"``:
   right when p > q, else left).
 * Low-rank DDP (MATH.md §6): :func:`run_low_rank_ddp`, §3's step on the workers' mean

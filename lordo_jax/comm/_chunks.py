@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from lordo_jax.comm import _collectives as collectives
+from lordo_jax.local.bases import layout
 
 
 def chunk_size(tree: Any, chunks: int) -> int:
@@ -29,8 +30,9 @@ def widths(parts: tuple, chunks: int) -> tuple[int, ...]:
 
 
 def _rows(tree: Any, chunks: int) -> jax.Array:
-  """One tree as a float32 ``chunks x chunk_size`` block, zero-padded."""
-  flat = [jnp.ravel(x).astype(jnp.float32) for x in jax.tree.leaves(tree)]
+  """One tree as a float32 ``chunks x chunk_size`` block, zero-padded; a leaf split over
+  ``Explicit`` axes inside the worker is made whole there first (the group's fast links)."""
+  flat = [jnp.ravel(layout.whole(x)).astype(jnp.float32) for x in jax.tree.leaves(tree)]
   size = chunk_size(tree, chunks)
   buffer = jnp.concatenate([*flat, jnp.zeros((0,), jnp.float32)])
   return jnp.pad(buffer, (0, chunks * size - buffer.shape[0])).reshape(chunks, size)
@@ -47,7 +49,28 @@ def freeze(parts: tuple, chunks: int) -> jax.Array:
   codec's residual follows them).
   """
   blocks = [_rows(p, chunks) for p, w in zip(parts, widths(parts, chunks), strict=True) if w]
-  return jnp.concatenate([*blocks, jnp.zeros((chunks, 0), jnp.float32)], axis=1)
+  buffer = jnp.concatenate([*blocks, jnp.zeros((chunks, 0), jnp.float32)], axis=1)
+  return _split_columns(buffer, jax.tree.leaves(parts))
+
+
+def _split_columns(buffer: jax.Array, leaves: list) -> jax.Array:
+  """``buffer``'s columns split over the ``Explicit`` mesh axes its leaves are split over
+  inside the worker (FSDP, TP), where they divide evenly: the message in flight takes
+  1/F of a device's memory, as its parameters do, and each device sends its columns of
+  a chunk. Whole otherwise."""
+  sharded = [x for x in leaves if isinstance(x, jax.Array) and layout.is_sharded(x)]
+  if not sharded:
+    return buffer
+  mesh = jax.typeof(sharded[0]).sharding.mesh
+  used = {a for x in sharded for axes in layout.spec_of(x) if axes for a in _names(axes)}
+  names = tuple(a for a in mesh.axis_names if a in used)
+  if buffer.shape[1] % math.prod(mesh.shape[a] for a in names):
+    return buffer
+  return layout.place(buffer, (None, names), sharded[0])
+
+
+def _names(axes) -> tuple:
+  return axes if isinstance(axes, tuple) else (axes,)
 
 
 def _thaw_one(block: jax.Array, like: Any) -> Any:
@@ -55,14 +78,15 @@ def _thaw_one(block: jax.Array, like: Any) -> Any:
   flat, start, out = block.reshape(-1), 0, []
   for x in leaves:
     n = math.prod(x.shape)
-    out.append(flat[start : start + n].reshape(x.shape).astype(x.dtype))
+    value = flat[start : start + n].reshape(x.shape).astype(x.dtype)
+    out.append(layout.like(value, x) if isinstance(x, jax.Array) else value)
     start += n
   return jax.tree.unflatten(treedef, out)
 
 
 def thaw(buffer: jax.Array, likes: tuple) -> tuple:
-  """The inverse of :func:`freeze`: trees shaped and typed like ``likes``."""
-  out, start = [], 0
+  """The inverse of :func:`freeze`: trees shaped, typed and split like ``likes``."""
+  buffer, out, start = layout.whole(buffer), [], 0
   for like, width in zip(likes, widths(likes, buffer.shape[0]), strict=True):
     out.append(_thaw_one(buffer[:, start : start + width], like))
     start += width

@@ -12,6 +12,7 @@ import functools
 import math
 import re
 
+import hlo
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -60,11 +61,21 @@ METHODS = {
   "lordo_fault_tolerant": lambda: lordo_jax.lordo(
     1e-2, rank=2, sync_every=2, axis_name=AXIS, fault_tolerant=True
   ),
+  # A message in flight: the first lands at step 4 (a round late) or 3 + 1 (tau = 1).
+  "diloco_overlap_round": lambda: lordo_jax.diloco(
+    1e-2, sync_every=2, axis_name=AXIS, overlap="round"
+  ),
+  "lordo_overlap_round_int8": lambda: lordo_jax.lordo(
+    1e-2, rank=2, sync_every=2, axis_name=AXIS, overlap="round", compression="int8"
+  ),
+  "lordo_overlap_window": lambda: lordo_jax.lordo(
+    1e-2, rank=2, sync_every=3, axis_name=AXIS, overlap=1
+  ),
 }
 # int8 rounding is discontinuous: the 1e-7 differences of a sharded local step (sums
 # split over the FSDP axis) can move a pseudo-gradient entry across a rounding boundary,
 # by one quantum (1/127 of its row's largest entry, ~1e-4 here). Every other method: 1e-5.
-TOLERANCE = {"lordo_int8": 1e-3}
+TOLERANCE = {"lordo_int8": 1e-3, "lordo_overlap_round_int8": 1e-3}
 # A refresh made of products with the split matrix: no first SVD, so no gather at all.
 PRODUCTS_ONLY = {
   "lordo_subspace_iteration_random": lambda: lordo_jax.lordo(
@@ -163,7 +174,15 @@ def _assert_same_run(method, mesh, specs):
 # Under Auto axes, one method of each way a sync handles a split leaf: a split one-sided
 # basis, two-sided bases, a compressed mean (gathered in the group), the projected
 # mean, and an anchor. Every method runs under Explicit axes.
-AUTO_METHODS = ("lordo_svd", "lordo_two_sided", "lordo_int8", "low_rank_ddp_projected", "diloco")
+AUTO_METHODS = (
+  "lordo_svd",
+  "lordo_two_sided",
+  "lordo_int8",
+  "low_rank_ddp_projected",
+  "diloco",
+  "diloco_overlap_round",
+  "lordo_overlap_window",
+)
 
 
 @pytest.mark.parametrize(
@@ -298,3 +317,72 @@ def test_a_products_only_refresh_never_gathers_a_matrix(specs):
   assert len(boundary) < len(svd), (boundary, svd)
   for method, gathers in products.items():
     assert len(gathers) <= len(boundary), (method, gathers, boundary)
+
+
+@pytest.mark.parametrize("method", ["diloco_overlap_round", "lordo_overlap_window"])
+def test_the_message_in_flight_is_split_over_the_group_like_the_parameters(method):
+  """Each device holds 1/F of the frozen message and of its means (their columns split
+  over ``fsdp``), so overlap keeps FSDP's memory saving."""
+  mesh = jax.make_mesh((4, 2), (AXIS, "fsdp"))
+  _, state = run(method, mesh, FSDP_SPECS, host=False)
+  for buffer in state.in_flight[:2]:
+    assert tuple(buffer.sharding.spec)[:3] == (AXIS, None, ("fsdp",)) or tuple(
+      buffer.sharding.spec
+    )[:3] == (AXIS, None, "fsdp")
+    device = mesh.devices.flat[0]
+    assert _bytes_on(device, buffer) * 4 * 2 == buffer.nbytes
+
+
+WORKER_GROUPS = "{{0,2,4,6},{1,3,5,7}}"  # the worker axis of a (4, 2) mesh of devices 0..7
+
+
+@pytest.mark.parametrize("axis_type", [AxisType.Explicit, AxisType.Auto], ids=["explicit", "auto"])
+@pytest.mark.parametrize(
+  "method, phase",
+  [("diloco_overlap_round", None), ("lordo_overlap_round_random", None), ("lordo_window", "send")],
+)
+def test_on_four_workers_times_fsdp_the_chunk_can_overlap_the_step(method, phase, axis_type):
+  """The compiled step of 4 workers x 2-way FSDP: every collective over the workers is
+  at the top level and reads only the state carried in (``tests/hlo.py``); the same
+  method without overlap (its sync in a conditional) is not, the control."""
+  build = {
+    "diloco_overlap_round": functools.partial(lordo_jax.diloco, 1e-2, sync_every=2),
+    "lordo_overlap_round_random": functools.partial(
+      lordo_jax.lordo, 1e-2, rank=2, sync_every=2, init_projection="random"
+    ),
+    "lordo_window": functools.partial(
+      lordo_jax.lordo, 1e-2, rank=2, sync_every=3, init_projection="random"
+    ),
+  }[method]
+  overlap = 2 if method == "lordo_window" else "round"
+  mesh = jax.make_mesh((4, 2), (AXIS, "fsdp"), axis_types=(axis_type,) * 2)
+  text, computed = _compiled_fsdp_step(build(axis_name=AXIS, overlap=overlap), mesh, phase)
+  # Over the worker axis only: the model's own collectives inside a group (its split
+  # sums, the boundary's gathers) read this step's parameters, as in any FSDP step.
+  assert hlo.overlappable(text, computed, groups=WORKER_GROUPS)
+  blocking, computed = _compiled_fsdp_step(build(axis_name=AXIS), mesh, None)
+  assert not hlo.overlappable(blocking, computed, groups=WORKER_GROUPS)
+
+
+def _compiled_fsdp_step(tx, mesh, phase):
+  """The compiled text of one worker step on ``mesh``, and its entry parameters that
+  hold the step's gradients and parameters."""
+  manual = functools.partial(
+    jax.shard_map, mesh=mesh, in_specs=P(AXIS), out_specs=P(AXIS), axis_names={AXIS}
+  )
+  extra = {} if phase is None else {"overlap_phase": phase}
+
+  def step(grads, state, params):
+    updates, state = tx.update(grads, state, params, **extra)
+    return optax.apply_updates(params, updates), state
+
+  params = jax.tree.map(
+    lambda a, spec: jax.device_put(jnp.stack([a] * 4), jax.NamedSharding(mesh, spec)),
+    sharded_mlp.params(),
+    FSDP_SPECS,
+  )
+  state = jax.jit(manual(_one_worker(tx.init)))(params)
+  text = jax.jit(manual(_one_worker(step))).lower(params, state, params).compile().as_text()
+  n_params, n_state = len(jax.tree.leaves(params)), len(jax.tree.leaves(state))
+  computed = set(range(n_params)) | set(range(n_params + n_state, 2 * n_params + n_state))
+  return text, computed

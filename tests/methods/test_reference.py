@@ -85,7 +85,8 @@ CASES = [
     4,
     {"projection": "dct", "transport": "keep", "sync_moments_every": 2, "omega": 0.8},
   ),
-  # The LoRDO authors' variants (docs/FIDELITY.md, TODOs 1-5), one per case.
+  # The LoRDO authors' variants (docs/FIDELITY.md, "The paper's variants as options"),
+  # one per case.
   (
     "svd-left-ef-error-fed",
     (12, 8),

@@ -64,6 +64,13 @@ OPTIMIZERS = {
     3e-2, rank=3, sync_every=K, axis_name=workers.AXIS, init_projection="random", seed=3
   ),
   "diloco": lambda: lordo_jax.diloco(3e-2, sync_every=K, axis_name=workers.AXIS),
+  # A message in flight at step 6: frozen at step 4, half its chunks sent (2 of 4; 2 of 3).
+  "lordo_overlap_round_int8": lambda: lordo_jax.lordo(
+    3e-2, rank=3, sync_every=K, axis_name=workers.AXIS, overlap="round", compression="int8"
+  ),
+  "diloco_overlap_window": lambda: lordo_jax.diloco(
+    3e-2, sync_every=K, axis_name=workers.AXIS, overlap=3, merge="streaming", merge_alpha=0.5
+  ),
   "lordo_beyond": lambda: lordo_jax.lordo(
     3e-2,
     rank=3,
@@ -111,7 +118,9 @@ def assert_trees_equal(actual, expected):
     np.testing.assert_array_equal(a, e, err_msg=path, strict=True)
 
 
-@pytest.fixture(scope="module", params=["lordo", "diloco"])
+@pytest.fixture(
+  scope="module", params=["lordo", "diloco", "lordo_overlap_round_int8", "diloco_overlap_window"]
+)
 def straight(request, tmp_path_factory):
   """N steps without a stop, checkpointing (asynchronously) after each k in RESUME_AFTER."""
   directory = tmp_path_factory.mktemp(f"ckpt_{request.param}")
