@@ -83,6 +83,7 @@ class LowRankAdam(NamedTuple):
   refresh: Callable[..., "LowRankAdamState"]  # (state, source, *, first, mean) -> state.
   refresh_due: Callable[[jax.Array], jax.Array | None]  # count -> bool array, or None.
   project: Callable[[Any, "LowRankAdamState"], "Projected"]  # (updates, state) -> Projected.
+  # (updates, state, projected) -> (updates, state): the step on given coordinates.
   step: Callable[[Any, "LowRankAdamState", "Projected"], tuple[Any, "LowRankAdamState"]]
 
 

@@ -23,8 +23,8 @@ FULL_RANK = "full_rank"
 class MatrixAxes:
   """The axes of a leaf that form the rows (p) and the columns (q) of its matrix."""
 
-  rows: int | tuple[int, ...] = 0
-  cols: int | tuple[int, ...] = 1
+  rows: int | tuple[int, ...] = 0  #: The axis (or axes) of the rows, p.
+  cols: int | tuple[int, ...] = 1  #: The axis (or axes) of the columns, q.
 
   def normalized(self, ndim: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(rows, cols) as tuples of non-negative axes."""

@@ -95,8 +95,8 @@ def warm_start_state(source_state: Any, target_state: Any, *, moments: str = "ke
   ``optax.partition`` of the low-rank methods' local step):
 
   ===========================================  =========================================
-  source (``low_rank_ddp``: the chain after    target (``lordo``: ``SynchronizeState
-  ``average_gradients``)                       .inner_state``, the same chain)
+  source (``low_rank_ddp``: the chain after    target (``lordo``: the same chain, in
+  ``average_gradients``)                       ``SynchronizeState.inner_state``)
   ===========================================  =========================================
   ``LowRankMoments.basis`` Q, per matrix       the same matrix's ``basis`` (exactly)
   ``LowRankMoments.mu, nu`` (u, v; r-sized)    ``mu, nu`` (``moments="keep"``) or zeros

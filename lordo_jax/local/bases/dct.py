@@ -23,8 +23,8 @@ from lordo_jax.local.bases import strategy as strategy_lib
 class DCTBasis:
   """The r DCT-II frequencies a matrix is projected on; the basis is never stored."""
 
-  indices: jax.Array  # int32[r], ascending.
-  size: int = dataclasses.field(metadata=dict(static=True))  # n, the basis length.
+  indices: jax.Array  #: int32[r], ascending.
+  size: int = dataclasses.field(metadata=dict(static=True))  #: n, the basis length.
 
 
 @functools.lru_cache

@@ -18,8 +18,8 @@ from lordo_jax.local.bases import strategy as strategy_lib
 class TwoSidedBasis(NamedTuple):
   """The bases of one matrix's core: U (``p x r``) and V (``q x r``), float32."""
 
-  left: jax.Array
-  right: jax.Array
+  left: jax.Array  # U, p x r, orthonormal columns.
+  right: jax.Array  # V, q x r, orthonormal columns.
 
 
 def project(basis: TwoSidedBasis, matrix: jax.Array) -> jax.Array:

@@ -1,0 +1,247 @@
+"""The documentation site builds, links, names every public name, and needs no network.
+
+The site is built once per module, as the docs' own command does
+(``sphinx-build -W -b html docs <out>``, warnings are errors), into a temporary folder;
+the tests then read the built HTML: every internal link and image resolves (a
+``#fragment`` to an element with that id), every name of ``lordo_jax.__all__`` and of
+``lordo_jax.checkpoint`` has its API entry, and no page loads a script, a stylesheet or
+a font from outside the site (MathJax is served from ``_static``). The docs packages
+come with the ``test`` extra, so the build is never skipped.
+"""
+
+import doctest
+import html.parser
+import importlib
+import inspect
+import pathlib
+import re
+import subprocess
+import sys
+import urllib.parse
+
+import pytest
+from test_doc_references import _exists
+from test_doc_references import named_paths
+
+import lordo_jax
+from lordo_jax import checkpoint
+
+pytestmark = pytest.mark.timeout(300, method="thread")
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+DOCS = ROOT / "docs"
+EXTERNAL = re.compile(r"^(https?:)?//", re.I)
+
+
+class _Page(html.parser.HTMLParser):
+  """The ids, links, images, scripts and stylesheets of one HTML page."""
+
+  def __init__(self):
+    super().__init__()
+    self.ids: set[str] = set()
+    self.links: list[str] = []  # <a href>
+    self.images: list[str] = []  # <img src>
+    self.loads: list[str] = []  # what the browser fetches: scripts, stylesheets, preloads
+
+  def handle_starttag(self, tag, attrs):
+    attrs = dict(attrs)
+    for key in ("id", "name"):
+      if attrs.get(key) and (key == "id" or tag == "a"):
+        self.ids.add(attrs[key])
+    if tag == "a" and attrs.get("href"):
+      self.links.append(attrs["href"])
+    elif tag == "img" and attrs.get("src"):
+      self.images.append(attrs["src"])
+    elif tag == "script" and attrs.get("src"):
+      self.loads.append(attrs["src"])
+    elif tag == "link" and attrs.get("href"):
+      if {"stylesheet", "preload", "modulepreload", "icon"} & set(attrs.get("rel", "").split()):
+        self.loads.append(attrs["href"])
+
+
+def parse(path: pathlib.Path) -> _Page:
+  page = _Page()
+  page.feed(path.read_text(encoding="utf-8"))
+  return page
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> pathlib.Path:
+  """The built site; the build's warnings fail it (``-W``), each one reported."""
+  out = tmp_path_factory.mktemp("site")
+  command = [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-b", "html", "-q"]
+  build = subprocess.run(
+    [*command, str(DOCS), str(out)], capture_output=True, text=True, cwd=ROOT, timeout=600
+  )
+  assert build.returncode == 0 and "WARNING" not in build.stderr, (
+    f"sphinx-build -W failed (install the docs with pip install -e '.[docs]'):\n"
+    f"{build.stdout[-3000:]}\n{build.stderr[-6000:]}"
+  )
+  return out
+
+
+@pytest.fixture(scope="module")
+def pages(site) -> dict[pathlib.Path, _Page]:
+  return {
+    path: parse(path)
+    for path in sorted(site.rglob("*.html"))
+    if "_static" not in path.relative_to(site).parts
+  }
+
+
+def test_the_site_has_its_pages(site):
+  for page in (
+    "index",
+    "getting_started",
+    "concepts/lordo",
+    "MATH",
+    "ARCHITECTURE",
+    "FIDELITY",
+    "benchmarks",
+    "benchmark_tables",
+    "notebooks/quickstart",
+    "api/index",
+    "guides/flax",
+    "guides/optax",
+    "guides/checkpoints",
+    "guides/failed_workers",
+    "guides/sharded_models",
+    "guides/multi_host",
+    "guides/bfloat16",
+    "guides/overlap",
+    "guides/pitfalls",
+  ):
+    assert (site / f"{page}.html").exists(), page
+
+
+def _public_checkpoint_names() -> list[str]:
+  return sorted(
+    name
+    for name, value in vars(checkpoint).items()
+    if not name.startswith("_")
+    and (inspect.isfunction(value) or inspect.isclass(value))
+    and value.__module__ == checkpoint.__name__
+  )
+
+
+def test_every_public_name_has_an_api_entry(site):
+  ids = set().union(*(parse(path).ids for path in (site / "api").glob("*.html")))
+  wanted = [f"lordo_jax.{name}" for name in lordo_jax.__all__]
+  wanted += [f"lordo_jax.checkpoint.{name}" for name in _public_checkpoint_names()]
+  assert "lordo_jax.checkpoint.Checkpointer" in wanted
+  missing = [name for name in wanted if name not in ids]
+  assert not missing, f"public names without an entry in docs/api/: {missing}"
+
+
+def test_every_field_of_a_state_type_says_what_it_holds(site):
+  """A field's entry is its source comment, never empty nor NamedTuple's "Alias for field
+  number N" (``docs/conf.py`` reads the comments)."""
+  entry = re.compile(
+    r'<dl class="py (?:attribute|property)">\s*<dt[^>]*id="([^"]+)".*?</dt>\s*<dd>(.*?)</dd>', re.S
+  )
+  bare = []
+  for page in sorted((site / "api").glob("*.html")):
+    for name, body in entry.findall(page.read_text(encoding="utf-8")):
+      text = re.sub(r"<[^>]+>", "", body).strip()
+      if not text or text.startswith("Alias for field number"):
+        bare.append(name)
+  assert not bare, f"fields without a description: {bare}"
+
+
+def test_the_api_pages_show_the_expanded_options(site):
+  methods = (site / "api" / "methods.html").read_text(encoding="utf-8")
+  assert "{options}" not in methods
+  assert 'id="lordo_jax.lordo"' in methods and "compression" in methods
+
+
+def _target(page: pathlib.Path, reference: str, site: pathlib.Path):
+  """The built file and fragment a relative reference points to; None outside the site."""
+  parts = urllib.parse.urlsplit(reference)
+  if parts.scheme or parts.netloc or reference.startswith(("mailto:", "data:", "javascript:")):
+    return None
+  path = page if not parts.path else (page.parent / urllib.parse.unquote(parts.path))
+  path = path.resolve()
+  if path.is_dir():
+    path = path / "index.html"
+  return path, urllib.parse.unquote(parts.fragment)
+
+
+def test_every_internal_link_and_image_resolves(site, pages):
+  broken = []
+  for page, parsed in pages.items():
+    for reference in parsed.links + parsed.images + parsed.loads:
+      target = _target(page, reference, site)
+      if target is None:
+        continue
+      path, fragment = target
+      where = f"{page.relative_to(site)}: {reference}"
+      if not path.is_file() or not path.is_relative_to(site.resolve()):
+        broken.append(f"{where} (no such file)")
+      elif fragment and path.suffix == ".html":
+        ids = pages[path].ids if path in pages else parse(path).ids
+        if fragment not in ids:
+          broken.append(f"{where} (no id {fragment!r})")
+  assert not broken, "broken links:\n" + "\n".join(broken)
+
+
+def test_the_link_checker_finds_a_broken_link_and_fragment(site, pages):
+  index = site / "index.html"
+  assert _target(index, "https://arxiv.org/abs/2602.04396", site) is None
+  path, fragment = _target(index, "guides/flax.html#no-such-heading", site)
+  assert path.is_file() and fragment not in pages[path].ids
+  path, _ = _target(index, "guides/no_such_page.html", site)
+  assert not path.exists()
+
+
+def test_no_page_loads_anything_from_outside_the_site(site, pages):
+  outside = [
+    f"{page.relative_to(site)}: {load}"
+    for page, parsed in pages.items()
+    for load in parsed.loads
+    if EXTERNAL.match(load)
+  ]
+  for css in (site / "_static").rglob("*.css"):
+    text = css.read_text(encoding="utf-8", errors="replace")
+    for url in re.findall(r"""(?:@import\s+|url\()\s*["']?([^"')\s;]+)""", text):
+      if EXTERNAL.match(url):
+        outside.append(f"{css.relative_to(site)}: {url}")
+  assert not outside, "loaded from outside the site:\n" + "\n".join(outside)
+
+
+def test_math_is_typeset_by_the_sites_own_mathjax(site, pages):
+  page = pages[site / "MATH.html"]
+  mathjax = [load for load in page.loads if "mathjax" in load.lower()]
+  assert mathjax == ["_static/mathjax/tex-chtml.js"], mathjax
+  assert (site / "_static" / "mathjax" / "tex-chtml.js").is_file()
+  assert list((site / "_static" / "mathjax" / "output" / "chtml" / "fonts").rglob("*.woff"))
+  text = (site / "MATH.html").read_text(encoding="utf-8")
+  assert text.count('class="math') >= 5  # the equations reach MathJax as math, not code
+
+
+def test_every_path_a_site_page_names_exists():
+  missing = {
+    str(page.relative_to(ROOT)): sorted(p for p in named_paths(page.read_text()) if not _exists(p))
+    for page in sorted(DOCS.rglob("*.md"))
+    if "_build" not in page.parts
+  }
+  missing = {page: paths for page, paths in missing.items() if paths}
+  assert not missing, f"pages name paths that do not exist: {missing}"
+
+
+def test_every_public_docstring_example_runs_as_a_doctest():
+  """``tests/documentation/test_docstrings.py`` runs ``doctest.testmod`` on every module;
+  this checks that it reaches the ``Examples:`` of every public name (a decorated factory
+  whose module doctest would not find would otherwise never run)."""
+  finder = doctest.DocTestFinder()
+  unreached = []
+  objects = [(name, getattr(lordo_jax, name)) for name in lordo_jax.__all__]
+  objects += [(name, getattr(checkpoint, name)) for name in _public_checkpoint_names()]
+  for name, value in objects:
+    if ">>>" not in (value.__doc__ or ""):
+      continue
+    module = importlib.import_module(value.__module__)
+    found = finder.find(module, module.__name__)
+    qualname = f"{module.__name__}.{value.__qualname__}"
+    if not any(test.name == qualname and test.examples for test in found):
+      unreached.append(name)
+  assert not unreached, f"docstring examples that doctest.testmod does not run: {unreached}"
