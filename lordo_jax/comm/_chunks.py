@@ -93,9 +93,23 @@ def thaw(buffer: jax.Array, likes: tuple) -> tuple:
   return tuple(out)
 
 
+def row(buffer: jax.Array, index: jax.Array, *, to_device: bool = False) -> jax.Array:
+  """Row ``index`` (traced or not) of ``buffer``; with ``to_device`` moved into device
+  memory (a buffer kept in host memory sends one row a step)."""
+  out = jax.lax.dynamic_index_in_dim(buffer, index, keepdims=False)
+  return jax.device_put(out, jax.memory.Space.Device) if to_device else out
+
+
+def with_row(buffer: jax.Array, value: jax.Array, index: jax.Array, *, to_host: bool = False):
+  """``buffer`` with row ``index`` replaced by ``value``, moved into host memory first
+  with ``to_host`` (where a buffer kept there lives)."""
+  if to_host:
+    value = jax.device_put(value, jax.memory.Space.Host)
+  return jax.lax.dynamic_update_index_in_dim(buffer, value, index, 0)
+
+
 def chunk_mean(
-  buffer: jax.Array,
-  index: jax.Array,
+  chunk: jax.Array,
   ledger: collectives.Ledger,
   axis_name: str | None,
   *,
@@ -103,42 +117,37 @@ def chunk_mean(
   parts: tuple[int, ...] = (),
   residual: jax.Array | None = None,
 ):
-  r"""The workers' mean of chunk ``index`` of ``buffer``, counted.
+  r"""The workers' mean of one chunk (a row of a :func:`freeze` buffer), counted.
 
   .. math::
     \bar C_j = \mathrm{pmean}_m(B_m[j])
 
-  ``index`` may be traced (the step's position in the round): the collectives are the
-  same at every step, outside any conditional, and their operand is a slice of
-  ``buffer``, so when ``buffer`` is carried in the state they depend on nothing the
-  step computes and may run under its compute. Without a codec the row is one
-  all-reduce. With ``codecs``, one per part of the row (``parts``, its
-  :func:`widths`), each part is sent as
+  Taken from a buffer carried in the state at a traced index (:func:`row`), the chunk
+  is the same shape at every step and depends on nothing the step computes, so its
+  collectives, outside any conditional, may run under the step's compute. Without a
+  codec the chunk is one all-reduce. With ``codecs``, one per part of the chunk
+  (``parts``, its :func:`widths`), each part is sent as
   :func:`lordo_jax.comm._collectives.counted_mean` sends a leaf (the scales follow the
-  part's rows), one part after the other; the first part's error feedback is row
-  ``index`` of ``residual``.
+  part's rows), one part after the other; ``residual`` is the first part's error
+  feedback.
 
   Returns:
-    ``(mean chunk, ledger, residual)``: the chunk is ``buffer``'s row shape.
+    ``(mean chunk, ledger, residual)``.
   """
-  row = jax.lax.dynamic_index_in_dim(buffer, index, keepdims=False)
   if not any(codecs):
-    mean, ledger = collectives.counted_pmean(row, ledger, axis_name)
+    mean, ledger = collectives.counted_pmean(chunk, ledger, axis_name)
     return mean, ledger, residual
-  own = None if residual is None else jax.lax.dynamic_index_in_dim(residual, index, keepdims=False)
   means, start = [], 0
   for i, (width, codec) in enumerate(zip(parts, codecs, strict=True)):
     if not width:
       continue
-    piece = row[start : start + width]
+    piece = chunk[start : start + width]
     if means:  # One collective at a time (see counted_mean).
       piece, _ = jax.lax.optimization_barrier((piece, means[-1]))
     mean, ledger, fed = collectives.counted_mean(
-      piece, ledger, axis_name, compression_codec=codec, residual=own if i == 0 else None
+      piece, ledger, axis_name, compression_codec=codec, residual=residual if i == 0 else None
     )
-    own = fed if i == 0 else own
+    residual = fed if i == 0 else residual
     means.append(mean)
     start += width
-  if residual is not None:
-    residual = jax.lax.dynamic_update_index_in_dim(residual, own, index, 0)
   return jnp.concatenate(means), ledger, residual

@@ -1,9 +1,9 @@
 r"""Host offload of the state a round reads only at its sync.
 
 With ``offload=True`` (:func:`lordo_jax.synchronize` and every method with an anchor)
-the anchor, the outer optimizer's state and the compression residual live in host
-memory between syncs: the sync branch moves them with :func:`to_device` and
-:func:`to_host`, and :func:`on_host` tells where an array is placed.
+the anchor, the outer optimizer's state, the compression residual and a message in
+flight live in host memory between syncs: the sync branch moves them (:func:`placed`,
+:func:`to_device`, :func:`to_host`), and :func:`on_host` tells where an array is placed.
 """
 
 from typing import Any
@@ -39,6 +39,18 @@ def to_host(tree: Any) -> Any:
   ``pmap`` the option changes nothing: use ``shard_map``.
   """
   return jax.tree.map(lambda x: jax.device_put(x, jax.memory.Space.Host), tree)
+
+
+def placed(state: Any, move) -> Any:
+  """A :class:`~lordo_jax.round._synchronize.SynchronizeState` with what offload keeps in
+  host memory (the anchor, the outer state, the compression residual and a message in
+  flight) moved by ``move`` (:func:`to_host` or :func:`to_device`)."""
+  return state._replace(
+    anchor=move(state.anchor),
+    outer_state=move(state.outer_state),
+    residual=move(state.residual),
+    in_flight=move(state.in_flight),
+  )
 
 
 def to_device(tree: Any) -> Any:

@@ -7,6 +7,7 @@ any conditional in the programs of :func:`overlap_phase` ``"send"``. :func:`chec
 what overlap takes.
 """
 
+import functools
 import numbers
 from typing import Any
 from typing import NamedTuple
@@ -19,6 +20,7 @@ from lordo_jax import _checks as checks
 from lordo_jax.comm import _chunks as chunks_lib
 from lordo_jax.comm import _compression as compression_lib
 from lordo_jax.round import _moment_trees as moment_trees
+from lordo_jax.round import _offload as offload_lib
 from lordo_jax.round import _outer_step as outer_lib
 
 MERGES = ("eager", "delayed")  # overlap="round"
@@ -65,23 +67,29 @@ def init(parts, params, inner_state) -> InFlight:
   return InFlight(message=zeros, means=zeros, residual=residual)
 
 
-def send_chunk(parts, state, count):
+def send_chunk(parts, state, count, sending=None):
   """This step's chunk, ``(count - 1) mod K`` (at most the last), averaged and counted:
-  ``(in_flight, ledger)``."""
+  ``(in_flight, ledger)``. With ``sending`` (a traced bool) the mean and the residual
+  are kept only where it holds; with offload one row of each buffer comes in from host
+  memory and goes back."""
   index = jnp.minimum((count - 1) % parts.sync_every, chunks(parts) - 1)
-  flight = state.in_flight
-  widths = chunks_lib.widths(_message(parts, *_likes(parts, state)), chunks(parts))
-  mean, ledger, residual = chunks_lib.chunk_mean(
-    flight.message,
-    index,
+  flight, compressed, offload = state.in_flight, parts.compression is not None, parts.offload
+  read = functools.partial(chunks_lib.row, index=index, to_device=offload)
+  write = functools.partial(chunks_lib.with_row, index=index, to_host=offload)
+  own = read(flight.residual) if compressed else None
+  mean, ledger, fed = chunks_lib.chunk_mean(
+    read(flight.message),
     state.ledger,
     parts.axis_name,
     codecs=_codecs(parts),
-    parts=widths,
-    residual=flight.residual if parts.compression else None,
+    parts=chunks_lib.widths(_message(parts, *_likes(parts, state)), chunks(parts)),
+    residual=own,
   )
-  means = jax.lax.dynamic_update_index_in_dim(flight.means, mean, index, 0)
-  return flight._replace(means=means, residual=residual if parts.compression else ()), ledger
+  if sending is not None:  # A chunk sent for nothing changes nothing but the ledger.
+    mean = jnp.where(sending, mean, read(flight.means))
+    fed = jnp.where(sending, fed, own) if compressed else None
+  residual = write(flight.residual, fed) if compressed else ()
+  return flight._replace(means=write(flight.means, mean), residual=residual), ledger
 
 
 def _likes(parts, state):
@@ -219,7 +227,6 @@ def check(name, r, sync_every, fragments, moment_periods, decays):
     "fragments": (fragments, fragments != 1, "the round already streams, one chunk a step"),
     "sync_every": (sync_every, callable(sync_every), "the round's length must be a fixed int"),
     "fault_tolerant": (r.fault_tolerant, r.fault_tolerant, "a late message has no presence"),
-    "offload": (r.offload, r.offload, "the message in flight lives on the device for now"),
   }
   for option, (value, bad, why) in refused.items():
     if bad:
@@ -310,9 +317,7 @@ def window_step(parts, grads, state, params, local_updates, count, phase=None):
   in_flight = count > k  # a message was frozen at a previous boundary
   sending = in_flight & ((count - 1) % k < tau)
   if phase == "send":
-    sent, ledger = send_chunk(parts, state, count)
-    means = jnp.where(sending, sent.means, state.in_flight.means)
-    in_flight_state = sent._replace(means=means)
+    in_flight_state, ledger = send_chunk(parts, state, count, sending)
   else:
     in_flight_state, ledger = jax.lax.cond(
       sending,
@@ -324,13 +329,13 @@ def window_step(parts, grads, state, params, local_updates, count, phase=None):
   local_params = optax.apply_updates(params, local_updates)
   state, new_params = jax.lax.cond(
     in_flight & (count % k == tau),
-    lambda s: land_window(parts, s, params, local_updates, grads),
+    _on_device(parts, lambda s: land_window(parts, s, params, local_updates, grads)),
     lambda s: (s, local_params),
     state,
   )
   state = jax.lax.cond(
     count % k == 0,
-    lambda s: freeze(parts, s, params, local_updates),
+    _on_device(parts, lambda s: freeze(parts, s, params, local_updates)),
     lambda s: s,
     state,
   )
@@ -340,17 +345,34 @@ def window_step(parts, grads, state, params, local_updates, count, phase=None):
 
 def round_step(parts, grads, state, params, local_updates, count):
   """A whole round in flight (:mod:`lordo_jax.round._overlap`): this step's chunk
-  (unconditional), and at a boundary the landing."""
+  (unconditional), and at a boundary the landing, whose update lands on the anchor."""
   in_flight, ledger = send_chunk(parts, state, count)
   state = state._replace(ledger=ledger, in_flight=in_flight)
-  boundary = count % parts.sync_every == 0
-  state = jax.lax.cond(
-    boundary, lambda s: land(parts, s, params, local_updates, grads), lambda s: s, state
-  )
-  updates = jax.tree.map(
-    lambda a, p, u: jnp.where(boundary, (a - p).astype(u.dtype), u),
-    state.anchor,
-    params,
-    local_updates,
+
+  def landing(s):
+    s = land(parts, s, params, local_updates, grads)
+    onto = jax.tree.map(lambda a, p, u: (a - p).astype(u.dtype), s.anchor, params, local_updates)
+    return s, onto
+
+  state, updates = jax.lax.cond(
+    count % parts.sync_every == 0,
+    _on_device(parts, landing),
+    lambda s: (s, local_updates),
+    state,
   )
   return updates, state
+
+
+def _on_device(parts, branch):
+  """``branch(state)`` with what offload keeps in host memory (the anchor, the outer
+  state, the message in flight) moved to the device for it and back after it."""
+  if not parts.offload:
+    return branch
+
+  def run(state):
+    out = branch(offload_lib.placed(state, offload_lib.to_device))
+    if isinstance(out, tuple) and not hasattr(out, "_fields"):
+      return (offload_lib.placed(out[0], offload_lib.to_host), *out[1:])
+    return offload_lib.placed(out, offload_lib.to_host)
+
+  return run

@@ -296,7 +296,7 @@ def _update(
   averaging = parts.averaging
   _check_update(parts.name, params, parts.axis_name, parts.fault_tolerant, worker_present)
   if parts.offload:  # A state placed in device memory (device_put of init) moves now.
-    state = _placed(state, offload_lib.to_host)
+    state = offload_lib.placed(state, offload_lib.to_host)
   count = optax.safe_int32_increment(state.count)
   present = jnp.asarray(worker_present, jnp.bool_)
   inner_state, ledger = parts.refresh.before_first_step(
@@ -376,21 +376,14 @@ def _init(parts: _Round, params) -> SynchronizeState:
   if parts.overlap:  # The message's residual is per chunk, in the message in flight.
     in_flight = overlap_lib.init(parts, params, state.inner_state)
     state = state._replace(residual=(), in_flight=in_flight)
-  return _placed(state, offload_lib.to_host) if parts.offload else state
-
-
-def _placed(state: SynchronizeState, move) -> SynchronizeState:
-  """``state`` with its sync-only parts (anchor, outer state, residual) moved by ``move``."""
-  return state._replace(
-    anchor=move(state.anchor), outer_state=move(state.outer_state), residual=move(state.residual)
-  )
+  return offload_lib.placed(state, offload_lib.to_host) if parts.offload else state
 
 
 def _sync_offloaded(sync_now, state):
   """``sync_now(state)`` with the sync-only state in host memory: moved to the device,
   synchronised, moved back; returns the new state and its anchor on the device."""
-  state = sync_now(_placed(state, offload_lib.to_device))
-  return _placed(state, offload_lib.to_host), state.anchor
+  state = sync_now(offload_lib.placed(state, offload_lib.to_device))
+  return offload_lib.placed(state, offload_lib.to_host), state.anchor
 
 
 def _sync_fragment(parts: _Round, f, fragment, state, *, grads, params, local_step, present):
@@ -465,6 +458,8 @@ def _check_update(name, params, axis_name, fault_tolerant, worker_present):
 def _update_in_flight(parts: _Round, grads, state, params, worker_present, phase, **extra_args):
   """One step with a message in flight: a whole round's, or a window of tau steps."""
   _check_update(parts.name, params, parts.axis_name, parts.fault_tolerant, worker_present)
+  if parts.offload:  # A state placed in device memory (device_put of init) moves now.
+    state = offload_lib.placed(state, offload_lib.to_host)
   count = optax.safe_int32_increment(state.count)
   present = parts.averaging.admit(jnp.asarray(True), grads)
   inner_state, ledger = parts.refresh.before_first_step(

@@ -154,7 +154,8 @@ def state_bytes(state: Any) -> dict[str, int]:
   memory, wherever it is now: for every :func:`lordo_jax.synchronize` in the state,
   its anchor (the parameters at the last sync), its outer optimizer's state (DiLoCo's
   outer momentum) and, with compression, its error-feedback residual, all read and
-  written only at a sync, once every K steps (MATH.md §8). Everything else
+  written only at a sync, once every K steps (MATH.md §8); with ``overlap``, the
+  message in flight and its means, read and written one chunk a step. Everything else
   (moments, bases, error buffers, counters, flags, ledgers) is used at every step.
 
   Per ``p x q`` float32 matrix, left case (``p >= q``), MATH.md §8: AdamW ``2pq``;
@@ -188,6 +189,7 @@ def state_bytes(state: Any) -> dict[str, int]:
   for node in jax.tree.leaves(state, is_leaf=is_sync):
     if is_sync(node):
       offloadable += state_bytes(node.inner_state)["offloadable"]
-      offloadable += _tree_bytes((node.anchor, node.outer_state, node.residual))
+      kept = (node.anchor, node.outer_state, node.residual, node.in_flight)
+      offloadable += _tree_bytes(kept)
   host = _tree_bytes([x for x in jax.tree.leaves(state) if offload_lib.on_host(x)])
   return {"device": _tree_bytes(state) - host, "host": host, "offloadable": offloadable}

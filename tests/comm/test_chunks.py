@@ -74,7 +74,8 @@ def test_the_chunks_means_are_the_means_chunks_bit_for_bit_and_each_is_counted()
     buffer = chunks_lib.freeze((tree,), chunks)
     ledger, rows = collectives.init_ledger(), []
     for j in range(chunks):
-      mean, ledger, _ = chunks_lib.chunk_mean(buffer, jnp.int32(j), ledger, "workers")
+      chunk = chunks_lib.row(buffer, jnp.int32(j))
+      mean, ledger, _ = chunks_lib.chunk_mean(chunk, ledger, "workers")
       rows.append(mean)
     whole, _ = collectives.counted_pmean(buffer, collectives.init_ledger(), "workers")
     return jax.tree.map(lambda x: x[None], (jnp.stack(rows), whole, ledger))
@@ -91,16 +92,16 @@ def test_a_compressed_chunk_feeds_its_first_parts_rounding_back_into_its_own_row
 
   def body(buffer):
     buffer = buffer[0]
-    residual = jnp.zeros((4, 12), jnp.float32)
-    mean, ledger, residual = chunks_lib.chunk_mean(
-      buffer,
-      jnp.int32(2),
+    residual, index = jnp.zeros((4, 12), jnp.float32), jnp.int32(2)
+    mean, ledger, fed = chunks_lib.chunk_mean(
+      chunks_lib.row(buffer, index),
       collectives.init_ledger(),
       "workers",
       codecs=("int8", "bfloat16"),
       parts=(12, 4),
-      residual=residual,
+      residual=chunks_lib.row(residual, index),
     )
+    residual = chunks_lib.with_row(residual, fed, index)
     return jax.tree.map(lambda x: x[None], (mean, residual, ledger))
 
   mean, residual, ledger = _per_worker(body, stacked)
@@ -122,9 +123,8 @@ def _step_hlo(message_of) -> str:
   def body(params, buffer, count, grads):
     params, buffer, count, grads = params[0], buffer[0], count[0], grads[0]
     message = message_of(buffer, grads, chunks)
-    mean, _, _ = chunks_lib.chunk_mean(
-      message, count % chunks, collectives.init_ledger(), "workers"
-    )
+    chunk = chunks_lib.row(message, count % chunks)
+    mean, _, _ = chunks_lib.chunk_mean(chunk, collectives.init_ledger(), "workers")
     local = params - 0.1 * (jnp.tanh(params @ params.T).sum() + grads)
     return jax.tree.map(lambda x: x[None], (local, mean))
 

@@ -153,7 +153,6 @@ def test_the_chunk_is_a_top_level_collective_of_carried_state(method):
   [
     (dict(fragments=2), "fragments=2 is not available with overlap='round'"),
     (dict(fault_tolerant=True), "fault_tolerant=True is not available"),
-    (dict(offload=True), "offload=True is not available"),
     (dict(merge="rebase"), "merge='rebase' is not accepted"),
   ],
 )

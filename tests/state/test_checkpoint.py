@@ -68,8 +68,14 @@ OPTIMIZERS = {
   "lordo_overlap_round_int8": lambda: lordo_jax.lordo(
     3e-2, rank=3, sync_every=K, axis_name=workers.AXIS, overlap="round", compression="int8"
   ),
-  "diloco_overlap_window": lambda: lordo_jax.diloco(
-    3e-2, sync_every=K, axis_name=workers.AXIS, overlap=3, merge="streaming", merge_alpha=0.5
+  "diloco_overlap_window_offload": lambda: lordo_jax.diloco(
+    3e-2,
+    sync_every=K,
+    axis_name=workers.AXIS,
+    overlap=3,
+    merge="streaming",
+    merge_alpha=0.5,
+    offload=True,
   ),
   "lordo_beyond": lambda: lordo_jax.lordo(
     3e-2,
@@ -119,7 +125,8 @@ def assert_trees_equal(actual, expected):
 
 
 @pytest.fixture(
-  scope="module", params=["lordo", "diloco", "lordo_overlap_round_int8", "diloco_overlap_window"]
+  scope="module",
+  params=["lordo", "diloco", "lordo_overlap_round_int8", "diloco_overlap_window_offload"],
 )
 def straight(request, tmp_path_factory):
   """N steps without a stop, checkpointing (asynchronously) after each k in RESUME_AFTER."""
