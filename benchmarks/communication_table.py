@@ -1,7 +1,7 @@
 """Bytes each method all-reduces per step, per worker, on GPT-2 small's parameter shapes.
 
 Run: ``python benchmarks/communication_table.py``; prints a markdown table (pasted into
-README.md). Every number is read from the optimizer state with
+docs/benchmarks.md). Every number is read from the optimizer state with
 ``lordo_jax.communicated_bytes`` after real ``update`` calls of each method, never
 from a formula; the state sizes come from ``lordo_jax.state_bytes``.
 

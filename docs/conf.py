@@ -73,6 +73,8 @@ html_theme_options = {
   # would otherwise put a second search field in a header above the page).
   "navbar_persistent": [],
 }
+html_static_path = ["_static"]
+html_css_files = ["lordo.css"]  # Tables of long inline code fit the page.
 html_last_updated_fmt = None
 html_show_sourcelink = False
 

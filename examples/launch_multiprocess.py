@@ -12,7 +12,7 @@ coordinator, on ``127.0.0.1`` and a free port. Together they train one model wit
 all-reduces cross the processes through gloo. With ``--fsdp F`` each worker is a group
 of F devices of one process that shards its copy of the model F ways (FSDP), and the
 worker axis spans the processes. This is the multi-host layout of a GPU cluster or a
-TPU pod, on one machine: only the addresses change (README, "Multi-host").
+TPU pod, on one machine: only the addresses change (docs/guides/multi_host.md).
 
 The launcher waits for all processes, kills every one of them (their whole process
 groups) if one fails or the time runs out, and prints process 0's results. With

@@ -1,4 +1,4 @@
-"""The methods: complete optimizers, one file a family (README.md's table, MATH.md §6).
+"""The methods: complete optimizers, one file a family (docs/api/index.md's table, MATH.md §6).
 
 * :mod:`~lordo_jax.methods.lordo`: :func:`~lordo_jax.lordo`,
   :func:`~lordo_jax.lordo_local_projection`, :func:`~lordo_jax.lordo_global_projection_only`.

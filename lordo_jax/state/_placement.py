@@ -58,7 +58,7 @@ def state_sharding(
     params: placed arrays, or ``jax.ShapeDtypeStruct`` with a ``NamedSharding``, all on
       one mesh (of ``Explicit`` or ``Auto`` axes).
     worker_axis: if given, ``params`` are stacked over the workers (leading dimension
-      split over this mesh axis, as in the README's worker step) and so is the state:
+      split over this mesh axis, as in the Flax guide's worker step) and so is the state:
       each worker's state is laid out from its own slice, and the worker axis put
       first.
 

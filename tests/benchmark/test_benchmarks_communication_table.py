@@ -1,6 +1,6 @@
 """The communication table's fast path counts what the full steps send, for every method.
 
-``benchmarks/communication_table.py`` measures the README's table with counters-only
+``benchmarks/communication_table.py`` measures the table of docs/benchmarks.md with counters-only
 steps (the ledger and the counters that decide when a round syncs); its self-check
 compares them with full steps on small shapes. DES-LOC's moments are due by the count
 of syncs, so a counter left out of the fast path shows here.

@@ -1,15 +1,17 @@
-"""The README's guides tell the truth: each section's Python example runs and says so.
+"""The guides tell the truth: each guide's Python example runs and says so.
 
-The sections "Checkpoints and restarts", "Surviving a failed worker" and "bfloat16"
-each carry one complete program; each runs in its own interpreter (the second sets
-up its own simulated devices) and must print what the text around it promises.
+The guides (``docs/guides/``, once sections of the README) "Checkpoints and restarts",
+"Surviving a failed worker" and "bfloat16" each carry one complete program; each runs
+in its own interpreter (the second sets up its own simulated devices) and must print
+what the text around it promises. The multi-host guide names the launcher's real
+options, and the overlap guide's step with a static phase learns.
 """
 
 import re
 
 import pytest
-from readme_examples import README
 from readme_examples import ROOT
+from readme_examples import page_text
 from readme_examples import python_blocks
 from readme_examples import run
 from readme_examples import section
@@ -17,33 +19,33 @@ from readme_examples import section
 pytestmark = pytest.mark.timeout(180, method="thread")
 
 
-def section_code(title: str) -> str:
-  """The first Python block of the README section ``## title``."""
-  return python_blocks(section(f"{title}\n"))[0]
+def guide_code(guide: str) -> str:
+  """The first Python block of ``docs/guides/<guide>.md``."""
+  return python_blocks(page_text(f"docs/guides/{guide}.md"))[0]
 
 
 def test_checkpoint_example_resumes_bit_identically():
-  assert "resumed at step 6: bit-identical True" in run(section_code("Checkpoints and restarts"))
+  assert "resumed at step 6: bit-identical True" in run(guide_code("checkpoints"))
 
 
 def test_failed_worker_example_prints_what_the_text_says():
-  stdout = run(section_code("Surviving a failed worker"))
+  stdout = run(guide_code("failed_workers"))
   assert "finite: True, workers agree: True" in stdout
   assert "left out: 2, syncs with nobody: 0" in stdout
   assert (
     "It prints `finite: True, workers agree: True` and `left out: 2, syncs with nobody: 0`"
-    in (README)
+    in page_text("docs/guides/failed_workers.md")
   )
 
 
 def test_bfloat16_example_keeps_params_bf16_and_bases_f32():
-  stdout = run(section_code("bfloat16"))
+  stdout = run(guide_code("bfloat16"))
   assert "params: {'bfloat16'}" in stdout
   assert "bases: {'float32'}" in stdout
 
 
 def test_multi_host_section_names_the_launcher_and_its_options():
-  body = section("Multi-host: GPU clusters and TPU pods\n")
+  body = section("Multi-host: GPU clusters and TPU pods", page="docs/guides/multi_host.md")
   command = re.search(r"python examples/launch_multiprocess.py (.*)\n", body).group(1)
   launcher = (ROOT / "examples" / "launch_multiprocess.py").read_text()
   for option in re.findall(r"--[a-z-]+", command):
@@ -52,7 +54,7 @@ def test_multi_host_section_names_the_launcher_and_its_options():
     assert (
       option in body and f'"{option}"' in (ROOT / "examples" / "multiprocess_job.py").read_text()
     )
-  assert "Multi-host" in launcher  # the launcher's docstring points here
+  assert "docs/guides/multi_host.md" in launcher  # the launcher's docstring points here
 
 
 _OVERLAP_SETUP = """
@@ -78,7 +80,7 @@ lordo_jax.overlap_phase = lambda *a, **k: phases.append(phase_of(*a, **k)) or ph
 
 
 def test_overlap_phase_example_learns_with_its_phases():
-  code = python_blocks(section("Overlapped synchronisation\n"))[1]
+  code = python_blocks(page_text("docs/guides/overlap.md"))[1]
   check = "\nprint(phases.count('send'), float(loss_fn(model, batches[0])) < first / 2)\n"
   # 40 steps, K = 16, tau = 2: the steps numbered 16, 17, 32 and 33 send a chunk.
   assert run(_OVERLAP_SETUP + code + check).split()[-2:] == ["4", "True"]

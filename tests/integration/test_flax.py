@@ -127,7 +127,7 @@ def test_nnx_optimizer_split_merge_under_jax_jit_equals_the_optax_loop():
 
 
 def test_nnx_optimizer_one_copy_per_worker_under_shard_map_equals_the_optax_workers():
-  """The README's NNX pattern: model and optimizer split, stacked, stepped per worker."""
+  """The Flax guide's NNX pattern: model and optimizer split, stacked, stepped per worker."""
   workers = 4
   mesh = jax.make_mesh((workers,), ("workers",))
   split = jax.NamedSharding(mesh, P("workers"))

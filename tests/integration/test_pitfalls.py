@@ -185,7 +185,7 @@ def test_a_sync_rule_that_syncs_gives_no_warning(recwarn):
 
 @pytest.mark.no_compilation_cache
 def test_offload_accepts_a_state_placed_in_device_memory():
-  """The README's first placement (device_put of a stacked init) with offload=True."""
+  """The Flax guide's first placement (device_put of a stacked init) with offload=True."""
   mesh = jax.make_mesh((WORKERS,), (workers_lib.AXIS,))
   results = {}
   for offload in (False, True):
