@@ -255,23 +255,46 @@ def step_seconds(
 
 def methods(rank: int, labels) -> dict:
   """Every method of the quality study, by its variant name, as in the study:
-  K = 16, low-rank DDP's T = 16, rank ``rank`` on the leaves ``labels`` marks."""
+  K = 16, low-rank DDP's T = 16, rank ``rank`` on the leaves ``labels`` marks; LoRDO
+  with int8 compression; and each method built on a round again with a whole round in
+  flight (:data:`OVERLAPPED`)."""
   low_rank = dict(rank=rank, low_rank_labels=labels, axis_name=AXIS)
   lordo = dict(low_rank, sync_every=K)
-  return {
+  local = dict(sync_every=K, axis_name=AXIS)
+  rounds = {  # name: (factory, its options), each also with overlap="round"
+    "lordo": (lordo_jax.lordo, lordo),
+    "lordo_int8": (lordo_jax.lordo, dict(lordo, compression="int8")),
+    "lordo_local_projection": (lordo_jax.lordo_local_projection, lordo),
+    "lordo_global_projection_only": (lordo_jax.lordo_global_projection_only, lordo),
+    "diloco": (lordo_jax.diloco, local),
+    "local_adam": (lordo_jax.local_adam, local),
+  }
+  found = {
     "ddp": (1, lordo_jax.ddp(1e-3, axis_name=AXIS)),
     "low_rank_ddp": (T, lordo_jax.low_rank_ddp(1e-3, refresh_every=T, **low_rank)),
     "low_rank_ddp_projected": (
       T,
       lordo_jax.low_rank_ddp(1e-3, refresh_every=T, communicate="projected", **low_rank),
     ),
-    "lordo": (K, lordo_jax.lordo(1e-3, **lordo)),
-    "lordo_local_projection": (K, lordo_jax.lordo_local_projection(1e-3, **lordo)),
-    "lordo_global_projection_only": (K, lordo_jax.lordo_global_projection_only(1e-3, **lordo)),
-    "diloco": (K, lordo_jax.diloco(1e-3, sync_every=K, axis_name=AXIS)),
+    **{name: (K, factory(1e-3, **options)) for name, (factory, options) in rounds.items()},
     "desloc": (6 * K, lordo_jax.desloc(1e-3, sync_every=K, axis_name=AXIS)),
-    "local_adam": (K, lordo_jax.local_adam(1e-3, sync_every=K, axis_name=AXIS)),
   }
+  for name, (factory, options) in rounds.items():
+    found[f"{name}_overlap"] = (K, factory(1e-3, overlap="round", **options))
+  return found
+
+
+# The methods with a whole round in flight (overlap="round"): every step sends one chunk
+# of the last round's message, a collective of carried state that hides under the whole
+# step (the profile's "hide" is 1). DES-LOC's moment periods take no overlap.
+OVERLAPPED = (
+  "lordo_overlap",
+  "lordo_int8_overlap",
+  "lordo_local_projection_overlap",
+  "lordo_global_projection_only_overlap",
+  "diloco_overlap",
+  "local_adam_overlap",
+)
 
 
 # The quick run's methods: their counters-only programs run in seconds. The low-rank
@@ -279,7 +302,8 @@ def methods(rank: int, labels) -> dict:
 # per step of GPT-2 small on 2 cores), too slow for run_all.py --quick.
 QUICK_METHODS = ("ddp", "diloco")
 RANKED = ("low_rank_ddp", "low_rank_ddp_projected", "lordo", "lordo_local_projection")
-RANKED += ("lordo_global_projection_only",)
+RANKED += ("lordo_global_projection_only", "lordo_int8")
+RANKED += tuple(name for name in OVERLAPPED if name.startswith("lordo"))
 
 
 def ledger_steps(tx, shapes, steps: int) -> list[tuple[int, int]]:
@@ -616,15 +640,23 @@ def profiles(config: Config, rank: int, only: tuple[str, ...] | None = None) -> 
       + \frac{V - v_1}{v_2 - v_1} (b(1, v_2) - b(1, v_1))
 
   with ``v_1, v_2`` = :data:`PROBE_VOCABS` (an exact integer: the last difference is a
-  multiple of ``v_2 - v_1``, checked). Three small programs instead of one with L blocks
-  and 50,257 rows (GPT-2 large's 36 blocks take minutes to compile on 2 cores, and its
-  embedding's AdamW seconds a step); the test compares it with :func:`direct_profiles`
-  on a 3-layer model, every method, every step.
+  multiple of ``v_2 - v_1``, checked). The :data:`OVERLAPPED` methods are measured on
+  the whole model (a chunk is the message's size over K, rounded up: not linear in the
+  layers), each step hidden under its whole step (``"hide"``).
+
+  Three small programs instead of one with L blocks and 50,257 rows (GPT-2 large's 36
+  blocks take minutes to compile on 2 cores, and its embedding's AdamW seconds a step);
+  the test compares it with :func:`direct_profiles` on a 3-layer model, every method,
+  every step.
   """
   v1, v2 = PROBE_VOCABS
-  probe = lambda n, v: direct_profiles(config._replace(n_layer=n, vocab=v), rank, only)  # noqa: E731
+  names = tuple(methods(rank, None)) if only is None else only
+  overlapped = tuple(name for name in names if name in OVERLAPPED)
+  probed = tuple(name for name in names if name not in OVERLAPPED)
+  probe = lambda n, v: direct_profiles(config._replace(n_layer=n, vocab=v), rank, probed)  # noqa: E731
   one, two, wide = probe(1, v1), probe(2, v1), probe(1, v2)
-  result = {}
+  result = {name: _hidden(p) for name, p in direct_profiles(config, rank, overlapped).items()}
+  order = {name: i for i, name in enumerate(names)}
   for name, p1 in one.items():
     result[name] = {"period": p1["period"]}
     for key in ("bytes", "all_reduces"):
@@ -633,7 +665,12 @@ def profiles(config: Config, rank: int, only: tuple[str, ...] | None = None) -> 
         a + (config.n_layer - 1) * (b - a) + _per_row(w - a, v2 - v1) * (config.vocab - v1)
         for a, b, w in rows
       ]
-  return result
+  return dict(sorted(result.items(), key=lambda item: order[item[0]]))
+
+
+def _hidden(profile: dict) -> dict:
+  """A whole round in flight: every step's chunk hides under the whole step."""
+  return {**profile, "hide": [1.0] * profile["period"]}
 
 
 def _per_row(difference: int, rows: int) -> int:
@@ -828,7 +865,12 @@ def size_tables(size: dict, targets: list[dict]) -> list[str]:
     row = [m["method"]]
     for t, reached in zip(targets, m["time_to_target_s"], strict=True):
       ratio = t["ratios"].get(m["method"])
-      row.append("not reached" if ratio is None else f"{reached['steps']:,.0f} ({ratio:.2f})")
+      if m["method"] not in t["ratios"]:
+        row.append("not measured")  # no quality run of this variant
+      elif ratio is None:
+        row.append("not reached")
+      else:
+        row.append(f"{reached['steps']:,.0f} ({ratio:.2f})")
       row += [_g(None if s is None else s / 3600) for s in reached["seconds"].values()]
       row.append(_versus(reached["vs_ddp"]) if m["method"] != "ddp" else "-")
     rows.append(row)
@@ -870,7 +912,8 @@ def plot(result: dict, path: pathlib.Path) -> None:
   for ax, size in zip(axes[0], sizes, strict=True):
     for m in size["methods"]:
       u = [utilisation(m["profile"], size["step_s"], g) for g in gbits]
-      ax.plot(gbits, u, label=m["method"], linestyle="--" if m["method"] in RANKED[3:] else "-")
+      style = ":" if m["method"] in OVERLAPPED else "--" if "projection" in m["method"] else "-"
+      ax.plot(gbits, u, label=m["method"], linestyle=style)
     for level in UTILISATIONS:
       ax.axhline(level, color="gray", linewidth=0.6, linestyle=":")
     ax.set_xscale("log")

@@ -6,6 +6,7 @@ r"""Train a byte-level transformer LM with LoRDO and its baselines on simulated 
     python3 examples/main.py --text my_book.txt --preset base
     python3 examples/main.py --param-dtype bfloat16       # bf16 params, f32 moments
     python3 examples/main.py --methods lordo,diloco --workers 4 --fsdp 2 --offload
+    python3 examples/main.py --methods lordo,diloco --overlap round --merge delayed
     python3 examples/main.py --checkpoint-dir ckpt --checkpoint-every 32
     python3 examples/main.py --checkpoint-dir ckpt --resume   # after a stop
     python3 examples/main.py --warm-start-steps 64 --option lordo.omega=0.97  # docs/FIDELITY.md
@@ -31,6 +32,12 @@ its devices (FSDP inside the worker; the mesh is workers x data x N), and with
 ``--offload`` the methods with an anchor keep it (and DiLoCo's outer momentum) in host
 memory between syncs (``offload=True``); the results are those of ``--fsdp 1`` (to
 float rounding) and of no offload (bit for bit).
+
+With ``--overlap round`` (or a tau below ``--sync-every``) and ``--merge``, every method
+built on a round averages each round's message while its workers go on (lordo_jax's
+``overlap``, MATH.md §9); the table's "90% busy at" is then the overlapped one. The
+default table's last row, ``lordo_int8_overlap``, is LoRDO with its pseudo-gradient in
+int8 and a whole round in flight, the library's configuration for slow links.
 
 With ``--checkpoint-dir`` each method saves checkpoints under ``DIR/<method>``;
 ``--resume`` continues every method that has one from its latest (a method without
@@ -112,6 +119,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     help="keep each method's anchor (and outer optimizer state) in host memory between "
     "syncs (lordo_jax's offload=True); for the methods with an anchor: lordo, diloco, "
     "local_adam, desloc, lordo_local_projection, lordo_global_projection_only",
+  )
+  add(
+    "--overlap",
+    type=overlap_value,
+    default=None,
+    help="average each round's message while the workers go on (lordo_jax's overlap): "
+    "'round' (a whole round in flight, one chunk a step) or tau, an int below --sync-every "
+    "(lands tau steps after its boundary); for the methods built on a round but desloc",
+  )
+  add(
+    "--merge",
+    choices=("eager", "delayed", "rebase", "streaming"),
+    default=None,
+    help="how a message in flight lands: eager (default) or delayed with --overlap round, "
+    "rebase (default) or streaming with an int --overlap",
   )
   add(
     "--rank",
@@ -331,6 +353,7 @@ def main(argv=None) -> int:
     methods = resolve_methods(args.methods, optimizers)
     check_option_methods(args, methods)
     check_offload(args.offload, methods, train.offload_methods())
+    check_overlap(args, methods, train.overlap_methods())
     rank = check_rank(args.rank, model_config, args.preset, model)
     raw, name = data.load_text(args.text)
     dataset = data.split(
@@ -344,6 +367,8 @@ def main(argv=None) -> int:
     warm_base = learning_rate_config(config, args.lr, args.warm_start_method, tuned)
     if args.warm_start_method not in train.offload_methods():  # No anchor to offload.
       warm_base = dataclasses.replace(warm_base, offload=False)
+    if args.warm_start_method not in train.overlap_methods():  # No round to overlap.
+      warm_base = dataclasses.replace(warm_base, overlap=None, merge=None)
     warm_config = warm_start_plan(args, warm_base, model_config, dataset, checkpoints)
     if warm_config is not None:
       config = dataclasses.replace(
@@ -410,10 +435,41 @@ def main(argv=None) -> int:
   plots = report.plot(out, results, dataset.unigram_entropy, title=title)
   print()
   learning_rates = {m: c.learning_rate for m, c in configs.items()}
-  print(report.table(results, dataset.unigram_entropy, learning_rates, tuned.bandwidth_table()))
+  overlaps = {m: train.overlap_of(m, c) for m, c in configs.items()}
+  bandwidth = tuned.bandwidth_table()
+  print(report.table(results, dataset.unigram_entropy, learning_rates, bandwidth, overlaps))
   written = ", ".join(map(str, [out / report.JSON_NAME, *plots]))
   print(f"total wall time {total:.0f} s; wrote {written}")
   return 0
+
+
+def overlap_value(text: str):
+  """``--overlap``: ``round``, or an int (tau)."""
+  if text == "round":
+    return text
+  try:
+    return int(text)
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"{text!r} is neither 'round' nor an int") from None
+
+
+def check_overlap(args, methods: list[str], overlap_methods: tuple[str, ...]) -> None:
+  """``--overlap`` and ``--merge``: a delay the round can hold, and methods that take it."""
+  if args.merge is not None and args.overlap is None:
+    raise UsageError(f"--merge {args.merge} needs --overlap; add --overlap round or a tau.")
+  if args.overlap is None:
+    return
+  if isinstance(args.overlap, int) and not 1 <= args.overlap < args.sync_every:
+    raise UsageError(
+      f"--overlap {args.overlap} is not between 1 and --sync-every {args.sync_every} - 1; "
+      "use such a tau, or --overlap round."
+    )
+  refused = [m for m in methods if m not in overlap_methods]
+  if refused:
+    raise UsageError(
+      f"--overlap: {','.join(refused)} {'has' if len(refused) == 1 else 'have'} no round to "
+      f"overlap; use --overlap with --methods among {','.join(overlap_methods)}."
+    )
 
 
 def layout_note(args: argparse.Namespace) -> str:
@@ -516,12 +572,14 @@ def make_config(args: argparse.Namespace, rank: int, train):
     stop_after=args.stop_after,
     fsdp=args.fsdp,
     offload=args.offload,
+    overlap=args.overlap,
+    merge=args.merge,
   )
 
 
 def learning_rate_config(config, lr: float | None, method: str, tuned):
   """``config`` at ``lr``, or (``lr`` None) at ``method``'s tuned learning rate."""
-  best = tuned.TUNED_LEARNING_RATES.get(method, config.learning_rate)
+  best = tuned.tuned_learning_rate(method) or config.learning_rate
   return dataclasses.replace(config, learning_rate=best if lr is None else lr)
 
 

@@ -92,8 +92,8 @@ def _land_round(s: Setup, ws: list[Worker], fresh: list[tuple]) -> None:
     w.params = w.anchor.copy()
     w.u = w.u + s.b1**s.sync_every * (us - u_m) if ws[0].frozen else w.u
     w.v = w.v + s.b2**s.sync_every * (vs - v_m) if ws[0].frozen else w.v
-  for w, f in zip(ws, fresh, strict=True):
-    w.frozen = f
+  for w, f in zip(ws, fresh, strict=True):  # the moments after the landing (MATH.md §9)
+    w.frozen = (f[0], w.u.copy(), w.v.copy())
 
 
 def run(s: Setup, params0: np.ndarray, grads, steps: int) -> list[list[Worker]]:

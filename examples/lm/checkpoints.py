@@ -42,6 +42,8 @@ OPTIONS = {
   "seed": "--seed",
   "param_dtype": "--param-dtype",
   "optimizer_options": "optimizer_options",
+  "overlap": "--overlap",
+  "merge": "--merge",
   "warm_start_from": "--warm-start-from",
   "warm_start_step": "--warm-start-step",
   "warm_start_moments": "--warm-start-moments",

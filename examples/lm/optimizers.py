@@ -28,7 +28,10 @@ import lordo_jax
 from . import model as model_lib
 
 # The methods the main command compares, in the order of its table.
-DEFAULT_METHODS = ("lordo", "low_rank_ddp", "ddp", "diloco")
+DEFAULT_METHODS = ("lordo", "low_rank_ddp", "ddp", "diloco", "lordo_int8_overlap")
+# Named configurations of a method: LoRDO for slow links, its pseudo-gradient in int8
+# and a whole round in flight (the library's best configuration for slow links).
+VARIANTS = {"lordo_int8_overlap": ("lordo", {"compression": "int8", "overlap": "round"})}
 # Every optimizer factory the examples know how to configure.
 KNOWN_METHODS = (
   "lordo",
@@ -39,6 +42,7 @@ KNOWN_METHODS = (
   "desloc",
   "lordo_local_projection",
   "lordo_global_projection_only",
+  *VARIANTS,
 )
 # Names a factory may give the basis refresh period of low-rank DDP.
 _REFRESH_NAMES = ("refresh_every", "projection_every", "update_proj_gap", "projection_period")
@@ -46,7 +50,14 @@ _REFRESH_NAMES = ("refresh_every", "projection_every", "update_proj_gap", "proje
 
 def available_methods() -> tuple[str, ...]:
   """The known methods the installed ``lordo_jax`` provides."""
-  return tuple(name for name in KNOWN_METHODS if callable(getattr(lordo_jax, name, None)))
+  return tuple(name for name in KNOWN_METHODS if callable(factory_of(name)[0]))
+
+
+def factory_of(name: str) -> tuple[Callable | None, dict[str, Any]]:
+  """``lordo_jax``'s factory of method ``name`` and the options a variant
+  (:data:`VARIANTS`) gives it; ``(None, {})`` for a name it does not have."""
+  base, preset = VARIANTS.get(name, (name, {}))
+  return getattr(lordo_jax, base, None), dict(preset)
 
 
 def default_methods() -> tuple[str, ...]:
@@ -105,7 +116,7 @@ def get_optimizer(
   Raises:
     ValueError: if ``lordo_jax`` has no method ``name``.
   """
-  factory = getattr(lordo_jax, name, None)
+  factory, preset = factory_of(name)
   if name not in KNOWN_METHODS or not callable(factory):
     raise ValueError(
       f"--methods: unknown method {name!r}; this lordo_jax offers {','.join(available_methods())}."
@@ -118,7 +129,7 @@ def get_optimizer(
     "weight_decay": weight_decay,
   }
   options.update(dict.fromkeys(_REFRESH_NAMES, refresh_every))
-  extra_options = dict(extra_options or {})
+  extra_options = preset | dict(extra_options or {})
   learning_rate = _scaled(learning_rate, extra_options.pop("lr_scale", 1.0))
   alpha = extra_options.pop("quadratic_sync_alpha", None)
   if alpha is not None:

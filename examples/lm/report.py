@@ -33,6 +33,7 @@ def table(
   unigram_entropy: float,
   learning_rates: dict[str, float] | None = None,
   bandwidth: dict[str, Any] | None = None,
+  overlaps: dict[str, Any] | None = None,
 ) -> str:
   """The comparison table.
 
@@ -40,7 +41,9 @@ def table(
   payload each worker all-reduced over the whole run, from the optimizer state's
   ledger. "90% busy at" is the bandwidth per worker at which the method keeps 90% of
   an accelerator's compute busy on GPT-2 small (``bandwidth``: the table of
-  ``tuned.bandwidth_table``), the other side of the trade. The optimizer state is one
+  ``tuned.bandwidth_table``), the other side of the trade; for a run with a whole round
+  in flight (``overlaps``, each method's ``overlap``) the overlapped method's row of it
+  (:func:`bandwidth_key`). The optimizer state is one
   worker's, split by where its arrays are (``lordo_jax.state_bytes``): in device
   memory, and in host memory (0 unless the method offloads its anchor).
   """
@@ -75,7 +78,7 @@ def table(
         f"{r.final_val_loss / math.log(2):.3f}",
         human_bytes(r.communicated_bytes),
         ratio,
-        gbit(gbit_for[r.method]["0.9"]) if r.method in gbit_for else "-",
+        busy(gbit_for, bandwidth_key(r.method, (overlaps or {}).get(r.method))),
         human_bytes(r.state_bytes["device"]),
         human_bytes(r.state_bytes["host"]),
         f"{r.wall_time_s:.0f} s",
@@ -95,6 +98,22 @@ def table(
       f"({bandwidth['generated_by']}; BENCHMARKS.md)"
     )
   return "\n".join(lines)
+
+
+def bandwidth_key(method: str, overlap: Any) -> str | None:
+  """The row of the bandwidth table for ``method`` run with ``overlap``: its own without
+  overlap, ``<method>_overlap`` with a whole round in flight (a variant so named is its
+  own), none with an int overlap (the table models only ``"round"``)."""
+  if overlap is None:
+    return method
+  if overlap != "round":
+    return None
+  return method if method.endswith("_overlap") else f"{method}_overlap"
+
+
+def busy(gbit_for: dict, key: str | None) -> str:
+  """The 90% bandwidth of row ``key``, or "-" where the table has none."""
+  return gbit(gbit_for[key]["0.9"]) if key in gbit_for else "-"
 
 
 def write_json(path: pathlib.Path, results, meta: dict[str, Any]) -> None:

@@ -92,6 +92,10 @@ class TrainConfig:
   schedule: str = "cosine"  # After the warmup: "cosine" (to lr/10) or "constant".
   fsdp: int = 1  # N: each worker's parameters and state split N ways over its devices.
   offload: bool = False  # The method's anchor (outer state, residual) in host memory.
+  # The round's message in flight while the workers go on: "round" or tau < sync_every
+  # steps (lordo_jax's overlap; MATH.md §9); None: every sync blocks. merge: how it lands.
+  overlap: Any = None
+  merge: str | None = None
 
 
 @dataclasses.dataclass
@@ -141,7 +145,7 @@ def param_spec(shape: tuple[int, ...], fsdp: int) -> P:
   For a low-rank matrix that is the dimension its moments keep (ties go to the last,
   as a square matrix projected on the left keeps its columns), so that its moments
   split with it and its basis along the other dimension: every state leaf shrinks N
-  ways (README, "Sharded models"). A leaf none of whose dimensions (after the worker
+  ways (docs/guides/sharded_models.md). A leaf none of whose dimensions (after the worker
   dimension) N divides stays whole in each worker.
   """
   dims = [i for i in range(1, len(shape)) if fsdp > 1 and shape[i] % fsdp == 0]
@@ -162,14 +166,21 @@ def stack(tree: Any, num_workers: int) -> Any:
 
 
 def make_step(
-  apply: Callable, tx: optax.GradientTransformation, mesh, state_spec, out_shardings=None
+  apply: Callable,
+  tx: optax.GradientTransformation,
+  mesh,
+  state_spec,
+  out_shardings=None,
+  phase: str | None = None,
 ) -> Callable:
   """The jitted step ``(params, opt_state, batch) -> (params, opt_state, loss)``.
 
   Manual over the ``workers`` and ``data`` axes; an ``fsdp`` axis stays to the
   compiler. ``out_shardings`` (of the three outputs), if given, keeps the layout of the
-  parameters and state from step to step.
+  parameters and state from step to step. ``phase``: the steps' ``overlap_phase``, a
+  static value (``lordo_jax.overlap_phase``), for a method with an int ``overlap``.
   """
+  extra = {} if phase is None else {"overlap_phase": phase}
 
   def body(params, opt_state, batch_1BT1):
     squeeze = lambda t: jax.tree.map(lambda x: x[0], t)  # noqa: E731
@@ -180,7 +191,7 @@ def make_step(
       return jax.lax.pmean(model_lib.loss_fn(apply, p, batch_1BT1[0]), DATA_AXIS)
 
     value, grads = jax.value_and_grad(loss)(params)
-    updates, opt_state = tx.update(grads, opt_state, params)
+    updates, opt_state = tx.update(grads, opt_state, params, **extra)
     params = optax.apply_updates(params, updates)
     return expand(params), expand(opt_state), value[None]
 
@@ -243,6 +254,15 @@ def make_optimizer(method: str, config: TrainConfig) -> optax.GradientTransforma
         f"--offload, or train one of {','.join(offload_methods())} with it."
       )
     extra.setdefault("offload", True)
+  for option, value in (("overlap", config.overlap), ("merge", config.merge)):
+    if value is None:
+      continue
+    if not _accepts(method, option):
+      raise ValueError(
+        f"--{option}: {method} has no round to overlap; use it without --{option}, or "
+        f"train one of {','.join(overlap_methods())} with it."
+      )
+    extra.setdefault(option, value)
   learning_rate = optimizers.schedule(
     config.learning_rate, config.steps, config.warmup_steps, config.schedule
   )
@@ -268,9 +288,27 @@ def offload_methods() -> tuple[str, ...]:
   return tuple(m for m in optimizers.available_methods() if _accepts(m, "offload"))
 
 
+def overlap_of(method: str, config: TrainConfig) -> Any:
+  """The ``overlap`` ``method`` is built with under ``config`` (:func:`make_optimizer`):
+  an ``--option``'s, else ``--overlap``'s, else its variant's; ``None``: none."""
+  options = dict(config.optimizer_options)
+  if "overlap" in options:
+    return options["overlap"]
+  if config.overlap is not None:
+    return config.overlap
+  return optimizers.factory_of(method)[1].get("overlap")
+
+
+def overlap_methods() -> tuple[str, ...]:
+  """The available methods that take ``overlap`` (those built on a round, bar DES-LOC,
+  whose moment periods do not overlap)."""
+  methods = (m for m in optimizers.available_methods() if _accepts(m, "overlap"))
+  return tuple(m for m in methods if m != "desloc")
+
+
 def _accepts(method: str, name: str) -> bool:
   """Whether ``lordo_jax.<method>`` takes the keyword ``name`` (directly or via lordo)."""
-  factory = getattr(lordo_jax, method, None)
+  factory = optimizers.factory_of(method)[0]
   if not callable(factory):
     return False
   accepted = inspect.signature(factory).parameters
@@ -369,7 +407,17 @@ def train(
   opt_state = jax.device_put(opt_state, shardings)
   batch_sharding = NamedSharding(mesh, P(AXIS, DATA_AXIS))
   layout = (jax.tree.map(lambda x: x.sharding, params), shardings, NamedSharding(mesh, P(AXIS)))
-  step = make_step(apply, tx, mesh, state_spec, out_shardings=layout)
+  steps = {}  # One program per phase of an int overlap (two); one otherwise.
+
+  overlap = overlap_of(method, config)
+
+  def step(t: int):
+    phase = None
+    if isinstance(overlap, int):  # Its steps that send a chunk are a program of their own.
+      phase = lordo_jax.overlap_phase(t - 1, sync_every=config.sync_every, overlap=overlap)
+    if phase not in steps:
+      steps[phase] = make_step(apply, tx, mesh, state_spec, out_shardings=layout, phase=phase)
+    return steps[phase]
 
   batches = data_lib.Batches(
     dataset, seq_len=model_config.seq_len, batch_size=config.batch_size, seed=config.seed
@@ -416,7 +464,7 @@ def train(
   for t in bar:
     tic = time.perf_counter()
     batch = jax.device_put(batches(), batch_sharding)
-    params, opt_state, loss = step(params, opt_state, batch)
+    params, opt_state, loss = step(t)(params, opt_state, batch)
     jax.block_until_ready((params, opt_state, loss))
     history["step_time_s"].append(time.perf_counter() - tic)
     if t == first + 1:

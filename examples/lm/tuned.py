@@ -25,6 +25,17 @@ TUNED_LEARNING_RATES = {
   "lordo_local_projection": 5e-3,
   "lordo_global_projection_only": 1.25e-2,
 }
+
+
+def tuned_learning_rate(method: str) -> float | None:
+  """``method``'s tuned rate; a named variant of a swept method (``lordo_int8_overlap``,
+  not swept on its own) takes its method's, the longest swept name it starts with."""
+  if method in TUNED_LEARNING_RATES:
+    return TUNED_LEARNING_RATES[method]
+  bases = [m for m in TUNED_LEARNING_RATES if method.startswith(f"{m}_")]
+  return TUNED_LEARNING_RATES[max(bases, key=len)] if bases else None
+
+
 BANDWIDTH_TABLE = pathlib.Path(__file__).resolve().parent / "bandwidth_gpt2_small.json"
 
 

@@ -113,7 +113,10 @@ def land(parts, state, params, local_updates, grads):
 
   and the moments :math:`u \mathrel{+}= \beta_1^K (\bar U - U_m)`,
   :math:`v \mathrel{+}= \beta_2^K (\bar V - V_m)`; the bases are computed from
-  :math:`\bar D` (kept at the first boundary, when nothing has landed).
+  :math:`\bar D` (kept at the first boundary, when nothing has landed). The message
+  frozen now holds :math:`D'_m` and the moments after this landing (corrected and
+  carried into the new bases), so that the next landing corrects moments of the bases
+  they are in: :math:`v - \beta_2^K V_m \ge 0`, and ``v`` stays non-negative.
   """
   landed = (state.syncs[0] > 0).astype(jnp.float32)
   local_params = optax.apply_updates(params, local_updates)
@@ -136,7 +139,10 @@ def land(parts, state, params, local_updates, grads):
     anchor=anchor,
     outer_state=(outer_state,),
     syncs=state.syncs + 1,
-    in_flight=state.in_flight._replace(message=chunks_lib.freeze(fresh, chunks(parts))),
+    # The moments frozen after this landing, in the bases the next landing corrects in.
+    in_flight=state.in_flight._replace(
+      message=chunks_lib.freeze(_message(parts, delta, inner_state), chunks(parts))
+    ),
   )
 
 

@@ -211,3 +211,40 @@ def test_main_trains_sharded_and_offloaded_and_refuses_offload_without_an_anchor
   row = lines[header + 2]
   assert row.startswith("lordo ") and f"  {report.human_bytes(host)}  " in row
   assert len(result["train_loss"]) == 8 and result["final_val_loss"] < 5.0
+
+
+def test_a_message_in_flight_resumes_bit_identically_sharded_and_offloaded(dataset, tmp_path):
+  """--overlap 3 (K = 4): the run stops at step 6 with the message frozen at step 4
+  two chunks of three sent; resumed, it ends where the run that never stopped does, its
+  message in flight in host memory and split over fsdp. The steps that send a chunk
+  run their own program (the static phase)."""
+  config = dataclasses.replace(CONFIG, overlap=3, merge="streaming")
+  straight = run(config, tmp_path / "straight", dataset)
+  stopped = run(config, tmp_path / "resumed", dataset, stop_after=STOP)
+  resumed = run(config, tmp_path / "resumed", dataset, resume=True)
+  assert stopped.train_loss == straight.train_loss[:STOP] and resumed.resumed_from == STOP
+  params, state = final_trees(tmp_path / "straight", config)
+  resumed_params, resumed_state = final_trees(tmp_path / "resumed", config)
+  assert_bit_identical(resumed_params, params)
+  assert_bit_identical(resumed_state, state)
+  assert resumed.bytes_sent == straight.bytes_sent
+  for buffer in resumed_state.in_flight[:2]:
+    assert buffer.sharding.memory_kind == "pinned_host"
+  assert straight.train_loss[-1] < straight.train_loss[0] - 0.3  # It trained.
+
+
+def test_overlap_options_that_cannot_work_are_refused():
+  with pytest.raises(ValueError, match=r"--overlap: ddp has no round to overlap"):
+    train.make_optimizer("ddp", dataclasses.replace(CONFIG, offload=False, overlap="round"))
+  assert "desloc" not in train.overlap_methods() and "lordo" in train.overlap_methods()
+  bad = {
+    ("--merge", "eager"): "--merge eager needs --overlap",
+    ("--overlap", "16"): "--overlap 16 is not between 1 and --sync-every 16 - 1",
+  }
+  for argv, expected in bad.items():
+    with pytest.raises(main.UsageError, match=expected):
+      args = main.parse_args(list(argv))
+      main.check_overlap(args, ["lordo"], train.overlap_methods())
+  args = main.parse_args(["--overlap", "round"])
+  with pytest.raises(main.UsageError, match=r"--overlap: ddp has no round to overlap"):
+    main.check_overlap(args, ["lordo", "ddp"], train.overlap_methods())

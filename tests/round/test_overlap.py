@@ -340,3 +340,25 @@ def test_int8_chunks_with_bfloat16_moments_stay_near_the_reference(overlap, merg
     for m, w in enumerate(ws)
   )
   assert 0 < gap < 3e-3  # int8's steps of 1/127 of a row's largest, fed back
+
+
+def test_the_phase_reaches_the_method_through_a_chain_and_inject_hyperparams():
+  """An extra argument of the step: through ``optax.chain`` (a transformation before the
+  method) and ``inject_hyperparams``; a bad phase is refused through both."""
+  params = {"w": jnp.ones((4, 3))}
+  made = {
+    "chain": optax.chain(
+      optax.clip_by_global_norm(1.0), lordo_jax.diloco(LR, sync_every=K, overlap=2)
+    ),
+    "inject": optax.inject_hyperparams(lordo_jax.diloco, static_args=("sync_every", "overlap"))(
+      learning_rate=LR, sync_every=K, overlap=2
+    ),
+  }
+  for tx in made.values():
+    state = tx.init(params)
+    for step in range(2 * K):
+      phase = lordo_jax.overlap_phase(step, sync_every=K, overlap=2)
+      updates, state = tx.update(params, state, params, overlap_phase=phase)
+    assert int(lordo_jax.step_count(state)) == 2 * K
+    with pytest.raises(ValueError, match="overlap_phase='soon' is not a phase"):
+      tx.update(params, state, params, overlap_phase="soon")
