@@ -9,6 +9,8 @@ program asks to send are read from the lowered one.
 
 import re
 
+import numpy as np
+
 _DTYPE_BYTES = {
   "f32": 4,
   "bf16": 2,
@@ -146,7 +148,49 @@ def collective_inputs(
 
 
 def _in_groups(line: str, groups: str | None) -> bool:
-  return groups is None or f"replica_groups={groups}" in line
+  """Whether ``line``'s collective runs over ``groups`` (written ``{{0,2},{1,3}}``),
+  whichever way XLA prints its replica groups."""
+  return groups is None or replica_groups(line) == replica_groups(f"replica_groups={groups}")
+
+
+_EXPLICIT = re.compile(r"replica_groups=\{((?:\{[\d,]*\},?)*)\}")
+_IOTA = re.compile(r"replica_groups=\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?")
+_MESH = re.compile(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}")
+
+
+def replica_groups(line: str) -> frozenset[frozenset[int]] | None:
+  """The replica groups of an HLO collective, as sets of device ids, from any of the
+  forms XLA prints: explicit (``{{0,2,4,6},{1,3,5,7}}``), iota
+  (``[2,4]<=[4,2]T(1,0)``: the devices ``0..n-1`` laid out as ``[4,2]``, transposed,
+  reshaped to groups of 4) or named mesh axes (``mesh['workers'=4,'fsdp'=2]
+  {'workers'}``: devices in mesh order, one group per index of the other axes)."""
+
+  def sets(rows) -> frozenset[frozenset[int]]:
+    return frozenset(frozenset(int(d) for d in row) for row in rows)
+
+  if match := _EXPLICIT.search(line):
+    return sets(row.split(",") for row in re.findall(r"\{([\d,]+)\}", match.group(1)))
+  if match := _IOTA.search(line):
+    shape = [int(d) for d in match.group(1).split(",")]
+    dims = [int(d) for d in match.group(2).split(",")]
+    devices = np.arange(int(np.prod(dims))).reshape(dims)
+    if match.group(3):
+      devices = devices.transpose([int(d) for d in match.group(3).split(",")])
+    return sets(devices.reshape(shape))
+  if match := _MESH.search(line):
+    axes = [
+      (name.strip(" '"), int(size))
+      for name, size in (axis.split("=") for axis in match.group(1).split(","))
+    ]
+    chosen = {name.strip(" '") for name in match.group(2).split(",")}
+    devices = np.arange(int(np.prod([size for _, size in axes]))).reshape([s for _, s in axes])
+    inner = [i for i, (name, _) in enumerate(axes) if name in chosen]
+    outer = [i for i in range(len(axes)) if i not in inner]
+    grouped = devices.transpose(outer + inner).reshape(
+      -1, int(np.prod([axes[i][1] for i in inner]))
+    )
+    return sets(grouped)
+  return None
 
 
 def overlappable(

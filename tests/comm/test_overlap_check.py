@@ -96,3 +96,18 @@ def test_todays_round_is_not_overlappable_for_lordo_and_diloco():
       range(len(jax.tree.leaves((params, state))), len(jax.tree.leaves((params, state, params))))
     )
     assert not hlo.overlappable(text, grads)
+
+
+def test_the_reader_knows_every_way_xla_prints_the_workers_groups():
+  """jaxlib 0.10 prints a collective's groups explicitly, newer XLA as an iota or over
+  named mesh axes; all three name the worker axis of a (4, 2) mesh, and the fsdp
+  axis is another set of groups."""
+  workers = frozenset({frozenset({0, 2, 4, 6}), frozenset({1, 3, 5, 7})})
+  assert hlo.replica_groups("x, replica_groups={{0,2,4,6},{1,3,5,7}}, y") == workers
+  assert hlo.replica_groups("x, replica_groups=[2,4]<=[4,2]T(1,0), y") == workers
+  assert (
+    hlo.replica_groups("x, replica_groups=mesh['workers'=4,'fsdp'=2] {'workers'}, y") == workers
+  )
+  fsdp = frozenset(frozenset({2 * i, 2 * i + 1}) for i in range(4))
+  assert hlo.replica_groups("x, replica_groups=[4,2]<=[8], y") == fsdp
+  assert hlo.replica_groups("x, replica_groups=mesh['workers'=4,'fsdp'=2] {'fsdp'}, y") == fsdp
