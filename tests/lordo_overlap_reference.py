@@ -108,22 +108,3 @@ class InFlight(ref.Reference):
       self._correct(previous, self.cfg.sync_every)
       self._refresh_all(deltas)
     self.frozen = [(d, self._moments(m)) for m, (d, _) in enumerate(fresh)]
-
-
-def run(cfg: ref.Config, overlap: Overlap, params, x, y):
-  """``lordo_reference.run`` with a message in flight: (reference, trajectory)."""
-  reference = InFlight(cfg, params, x.shape[1], overlap)
-  trajectory = []
-  for t in range(x.shape[0]):
-    grads = [
-      ref.regression_grads(reference.params[m], x[t, m], y[t, m])
-      for m in range(reference.num_workers)
-    ]
-    reference.step(grads)
-    trajectory.append(
-      {
-        "params": [{k: v.copy() for k, v in p.items()} for p in reference.params],
-        "bases": {k: v.copy() for k, v in reference.bases.items()},
-      }
-    )
-  return reference, trajectory

@@ -535,14 +535,16 @@ def run_low_rank_ddp(cfg: Config, params: Params, x: np.ndarray, y: np.ndarray, 
   return trajectory, diagnostics
 
 
-def run(cfg: Config, params: Params, x: np.ndarray, y: np.ndarray):
+def run(cfg: Config, params: Params, x: np.ndarray, y: np.ndarray, reference=None):
   """Run the reference on the regression data ``x[t-1]``, ``y[t-1]`` at step t.
 
+  ``reference``: what builds the workers from ``(cfg, params, num_workers)``, a
+  :class:`Reference` (default) or a variant of it (two-sided bases, a message in flight).
   Returns ``(reference, trajectory)``; ``trajectory[i]`` is a dict with the
   per-worker parameters after step i+1 (``params``), the per-worker parameters
   right after the local step (``local``) and the bases (``bases``).
   """
-  ref = Reference(cfg, params, x.shape[1])
+  ref = (reference or Reference)(cfg, params, x.shape[1])
   trajectory = []
   for t in range(x.shape[0]):  # t is the 0-based step index here
     grads = [regression_grads(ref.params[m], x[t, m], y[t, m]) for m in range(ref.num_workers)]
@@ -551,7 +553,12 @@ def run(cfg: Config, params: Params, x: np.ndarray, y: np.ndarray):
       {
         "params": [{k: v.copy() for k, v in p.items()} for p in ref.params],
         "local": [{k: v.copy() for k, v in p.items()} for p in ref.local_params],
-        "bases": {k: v.copy() for k, v in ref.bases.items()},
+        "bases": {k: _copied(v) for k, v in ref.bases.items()},
       }
     )
   return ref, trajectory
+
+
+def _copied(basis):
+  """A copy of a basis: one array, or a tuple of them (two-sided)."""
+  return tuple(b.copy() for b in basis) if isinstance(basis, tuple) else basis.copy()

@@ -91,25 +91,6 @@ class TwoSidedReference(ref.Reference):
     two_sided_transport(st, q_old, q_new, t, self.cfg)
 
 
-def run_lordo(cfg, params, x, y):
-  """:class:`TwoSidedReference` on the regression data (as ``lordo_reference.run``)."""
-  reference = TwoSidedReference(cfg, params, x.shape[1])
-  trajectory = []
-  for t in range(x.shape[0]):
-    grads = [
-      ref.regression_grads(reference.params[m], x[t, m], y[t, m])
-      for m in range(reference.num_workers)
-    ]
-    reference.step(grads)
-    trajectory.append(
-      {
-        "params": [{k: v.copy() for k, v in p.items()} for p in reference.params],
-        "bases": {k: tuple(b.copy() for b in v) for k, v in reference.bases.items()},
-      }
-    )
-  return reference, trajectory
-
-
 def run_low_rank_ddp(cfg, params, x, y, refresh_every):
   """Two-sided low-rank Adam on the workers' mean gradient (TSR-Adam), plus AdamW.
 

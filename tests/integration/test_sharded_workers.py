@@ -270,19 +270,20 @@ def test_the_gather_finder_sees_a_gather():
   assert full_matrix_gathers(line, [(16, 24)]) and not full_matrix_gathers(line, [(8, 8)])
 
 
-def optimizer_step_hlo(method: str, mesh, specs, optimizer: bool = True) -> str:
-  """The compiled HLO of one worker step of the optimizer alone: ``update`` on given
-  gradients, then ``apply_updates`` (``optimizer=False``: a step that returns its
-  inputs, to see what the ``shard_map`` boundary itself adds)."""
-  tx = {**METHODS, **PRODUCTS_ONLY}[method]()
+def compiled_step(tx, mesh, specs, *, phase=None, optimizer: bool = True):
+  """The compiled HLO of one worker step of ``tx`` alone on ``mesh`` (``update`` on given
+  gradients at ``overlap_phase=phase``, then ``apply_updates``; ``optimizer=False``: a
+  step that returns its inputs, to see what the ``shard_map`` boundary itself adds),
+  and its entry parameters that hold the step's gradients and parameters."""
   manual = functools.partial(
     jax.shard_map, mesh=mesh, in_specs=P(AXIS), out_specs=P(AXIS), axis_names={AXIS}
   )
+  extra = {} if phase is None else {"overlap_phase": phase}
 
   def step(grads, state, params):
     if not optimizer:
       return params, state
-    updates, state = tx.update(grads, state, params)
+    updates, state = tx.update(grads, state, params, **extra)
     return optax.apply_updates(params, updates), state
 
   params = jax.tree.map(
@@ -291,8 +292,10 @@ def optimizer_step_hlo(method: str, mesh, specs, optimizer: bool = True) -> str:
     specs,
   )
   state = jax.jit(manual(_one_worker(tx.init)))(params)
-  compiled = jax.jit(manual(_one_worker(step))).lower(params, state, params).compile()
-  return compiled.as_text()
+  text = jax.jit(manual(_one_worker(step))).lower(params, state, params).compile().as_text()
+  n_params, n_state = len(jax.tree.leaves(params)), len(jax.tree.leaves(state))
+  computed = set(range(n_params)) | set(range(n_params + n_state, 2 * n_params + n_state))
+  return text, computed
 
 
 @pytest.mark.parametrize("specs", [FSDP_SPECS, BASIS_SPLIT_SPECS], ids=["fsdp", "basis_split"])
@@ -304,16 +307,21 @@ def test_a_products_only_refresh_never_gathers_a_matrix(specs):
   does add some (the check can fail)."""
   mesh = jax.make_mesh((4, 2), (AXIS, "fsdp"))
   shapes = [a.shape for a in sharded_mlp.params().values() if a.ndim == 2]
-  boundary = full_matrix_gathers(optimizer_step_hlo("ddp", mesh, specs, optimizer=False), shapes)
+
+  def gathers(method, optimizer=True):
+    tx = {**METHODS, **PRODUCTS_ONLY}[method]()
+    return full_matrix_gathers(compiled_step(tx, mesh, specs, optimizer=optimizer)[0], shapes)
+
+  boundary = gathers("ddp", optimizer=False)
   products = {
-    method: full_matrix_gathers(optimizer_step_hlo(method, mesh, specs), shapes)
+    method: gathers(method)
     for method in (
       "lordo_subspace_iteration_random",
       "lordo_one_sided_randomized_svd",
       "lordo_randomized_svd",
     )
   }
-  svd = full_matrix_gathers(optimizer_step_hlo("lordo_svd", mesh, specs), shapes)
+  svd = gathers("lordo_svd")
   assert len(boundary) < len(svd), (boundary, svd)
   for method, gathers in products.items():
     assert len(gathers) <= len(boundary), (method, gathers, boundary)
@@ -356,33 +364,11 @@ def test_on_four_workers_times_fsdp_the_chunk_can_overlap_the_step(method, phase
   }[method]
   overlap = 2 if method == "lordo_window" else "round"
   mesh = jax.make_mesh((4, 2), (AXIS, "fsdp"), axis_types=(axis_type,) * 2)
-  text, computed = _compiled_fsdp_step(build(axis_name=AXIS, overlap=overlap), mesh, phase)
+  text, computed = compiled_step(
+    build(axis_name=AXIS, overlap=overlap), mesh, FSDP_SPECS, phase=phase
+  )
   # Over the worker axis only: the model's own collectives inside a group (its split
   # sums, the boundary's gathers) read this step's parameters, as in any FSDP step.
   assert hlo.overlappable(text, computed, groups=WORKER_GROUPS)
-  blocking, computed = _compiled_fsdp_step(build(axis_name=AXIS), mesh, None)
+  blocking, computed = compiled_step(build(axis_name=AXIS), mesh, FSDP_SPECS)
   assert not hlo.overlappable(blocking, computed, groups=WORKER_GROUPS)
-
-
-def _compiled_fsdp_step(tx, mesh, phase):
-  """The compiled text of one worker step on ``mesh``, and its entry parameters that
-  hold the step's gradients and parameters."""
-  manual = functools.partial(
-    jax.shard_map, mesh=mesh, in_specs=P(AXIS), out_specs=P(AXIS), axis_names={AXIS}
-  )
-  extra = {} if phase is None else {"overlap_phase": phase}
-
-  def step(grads, state, params):
-    updates, state = tx.update(grads, state, params, **extra)
-    return optax.apply_updates(params, updates), state
-
-  params = jax.tree.map(
-    lambda a, spec: jax.device_put(jnp.stack([a] * 4), jax.NamedSharding(mesh, spec)),
-    sharded_mlp.params(),
-    FSDP_SPECS,
-  )
-  state = jax.jit(manual(_one_worker(tx.init)))(params)
-  text = jax.jit(manual(_one_worker(step))).lower(params, state, params).compile().as_text()
-  n_params, n_state = len(jax.tree.leaves(params)), len(jax.tree.leaves(state))
-  computed = set(range(n_params)) | set(range(n_params + n_state, 2 * n_params + n_state))
-  return text, computed

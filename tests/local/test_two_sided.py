@@ -68,7 +68,7 @@ def _assert_well_conditioned(diagnostics):
 )
 def test_lordo_two_sided_matches_the_reference(shape, rank, seed, options):
   params, x, y = _problem(shape, seed)
-  reference, trajectory = two_ref.run_lordo(_config(rank, options), params, x, y)
+  reference, trajectory = ref.run(_config(rank, options), params, x, y, two_ref.TwoSidedReference)
   _assert_well_conditioned(reference.diagnostics)
 
   tx = lordo_jax.lordo(
@@ -98,14 +98,14 @@ def test_lordo_two_sided_matches_the_reference(shape, rank, seed, options):
 )
 def test_options_change_the_two_sided_reference(change):
   params, x, y = _problem((12, 8), 8)
-  _, a = two_ref.run_lordo(_config(2, {}), params, x, y)
-  _, b = two_ref.run_lordo(_config(2, change), params, x, y)
+  _, a = ref.run(_config(2, {}), params, x, y, two_ref.TwoSidedReference)
+  _, b = ref.run(_config(2, change), params, x, y, two_ref.TwoSidedReference)
   assert _relative_error(b[-1]["params"][0]["w"], a[-1]["params"][0]["w"], params["w"]) > 20 * RTOL
 
 
 def test_two_sided_differs_from_one_sided():
   params, x, y = _problem((12, 8), 8)
-  _, a = two_ref.run_lordo(_config(2, {}), params, x, y)
+  _, a = ref.run(_config(2, {}), params, x, y, two_ref.TwoSidedReference)
   _, b = ref.run(_config(2, {}), params, x, y)
   assert _relative_error(b[-1]["params"][0]["w"], a[-1]["params"][0]["w"], params["w"]) > 20 * RTOL
 

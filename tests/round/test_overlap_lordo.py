@@ -2,6 +2,8 @@
 (``tests/lordo_overlap_reference.py``): on 4 workers, every merge, the bases refreshed
 from the landed mean and the corrected moments carried into them (MATH.md §9)."""
 
+import functools
+
 import lordo_overlap_reference as overlap_ref
 import lordo_reference as ref
 import multiworker
@@ -31,7 +33,13 @@ def test_lordo_in_flight_matches_the_reference(tau, merge, alpha, options):
   data = ref.make_regression(p, q, WORKERS, STEPS, seed=8, basis="random", **MOVING_TARGET)
   params, x, y = ref.initial_params(p, q, 8), data["x"], data["y"]
   cfg = ref.Config(learning_rate=LR, rank=RANK, sync_every=K, **options)
-  reference, trajectory = overlap_ref.run(cfg, overlap_ref.Overlap(tau, merge, alpha), params, x, y)
+  reference, trajectory = ref.run(
+    cfg,
+    params,
+    x,
+    y,
+    functools.partial(overlap_ref.InFlight, overlap=overlap_ref.Overlap(tau, merge, alpha)),
+  )
   refreshes = [d for d in reference.diagnostics if d["t"] > 1]
   assert len(refreshes) >= 2  # bases did move at landings: the comparison below could fail
   tx = lordo_jax.lordo(
