@@ -101,13 +101,17 @@ def tuned_rates(out, steps: int) -> dict[str, float]:
   return {m: float(rates[m]) for m in METHODS}
 
 
-def train_in_order(runs: long_horizon.Runs, study, steps: int, rates: dict) -> None:
+def planned(study, steps: int, rates: dict) -> list:
+  """Every run of the study, once each, in :data:`ORDER`."""
+  runs = {}
   for methods, rows, seeds in ORDER:
-    for seed in seeds:
+    for seed in (s for s in seeds if s in study.seeds):
       for method in methods:
         for row in rows or ROWS[method]:
-          if row in ROWS[method] and seed in study.seeds:
-            runs.get(spec(study, steps, method, row, rates[method], seed))
+          if row in ROWS[method]:
+            run = spec(study, steps, method, row, rates[method], seed)
+            runs.setdefault(run.file_name(), run)
+  return list(runs.values())
 
 
 def results(runs: long_horizon.Runs, study, steps: int, rates: dict) -> list[dict]:
@@ -189,7 +193,8 @@ def main(argv=None) -> int:
   args.flags = ["--cached"] if args.cached else []
   runs = long_horizon.Runs(args.out / "runs", train=not args.cached)
   if not args.cached:
-    train_in_order(runs, study, steps, rates)
+    for run in planned(study, steps, rates):
+      runs.get(run)
   rows = results(long_horizon.Runs(args.out / "runs", train=False), study, steps, rates)
   notes = [
     f"The {study.preset} preset, r = {study.rank}, K = {study.sync_every}, batch "

@@ -17,6 +17,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import fidelity  # noqa: E402
 import long_horizon  # noqa: E402
+import overlap_quality  # noqa: E402
 import paper_protocol  # noqa: E402
 import quality  # noqa: E402
 from harness import lm_runs  # noqa: E402
@@ -303,3 +304,57 @@ def test_the_protocol_summary_pairs_each_seed():
   assert row["gap"] == pytest.approx([0.1, 0.0])
   assert row["gap_mean"] == pytest.approx(0.05)
   assert row["bytes"] == {"lordo": 10, "low_rank_ddp": 100}
+
+
+def test_the_overlap_study_reuses_the_long_horizon_runs_and_names_each_overlap():
+  """The rows without overlap are the long-horizon study's own cache files; every
+  overlapped row adds its options to the method's and has a file of its own."""
+  base = overlap_quality.spec(STUDY, 1024, "lordo", "none", 0.0125, 1)
+  assert base.file_name() == long_horizon.spec(STUDY, 1024, "lordo", 0.0125, 1).file_name()
+  names = {base.file_name()}
+  for method, rows in overlap_quality.ROWS.items():
+    for row, options in rows.items():
+      run = overlap_quality.spec(STUDY, 1024, method, row, 0.01, 0)
+      assert run.steps == 1024 and run.variant.method == method
+      assert dict(run.variant.options) == dict(variants.by_name(method).options + options)
+      assert all(c.isalnum() or c in "_=.-" for c in run.file_name()), run.file_name()
+      names.add(run.file_name())
+  assert len(names) == 1 + sum(len(rows) for rows in overlap_quality.ROWS.values())
+
+
+def test_the_overlap_study_trains_the_round_rows_first_and_reads_each_seed_against_none():
+  """Seed 0 of the rows of a whole round in flight comes before any other run; each
+  row's difference from no overlap is relative and paired by seed."""
+
+  def loss(name, lr, seed, steps):
+    return 2.0 + 0.1 * seed + (0.2 if "round" in name else 0.0)
+
+  runs = FakeRuns(loss)
+  rates = {"lordo": 0.0125, "diloco": 5e-4}
+  for run in overlap_quality.planned(STUDY, 1024, rates):
+    runs.get(run)
+  first = runs.asked[: 2 * len(overlap_quality.ROUND) - 1]
+  assert {seed for _, _, seed, _ in first} == {0}
+  assert all("round" in name or name in ("lordo", "diloco") for name, *_ in first)
+  assert len(runs.asked) == len(set(runs.asked)) == 3 * sum(map(len, overlap_quality.ROWS.values()))
+  rows = {(r["method"], r["overlap"]): r for r in overlap_quality.results(runs, STUDY, 1024, rates)}
+  eager = rows["lordo", "round eager"]
+  assert eager["vs_none"] == pytest.approx([0.2 / (2.0 + 0.1 * s) for s in (0, 1, 2)])
+  assert eager["learning_rate"] == 0.0125 and eager["mean"] == pytest.approx(2.3)
+  assert rows["diloco", "tau=2 streaming"]["options"] == {
+    "overlap": 2, "merge": "streaming", "merge_alpha": 0.5,
+  }  # fmt: skip
+  assert rows["diloco", "tau=1 rebase"]["vs_none_mean"] == pytest.approx(0.0)
+
+
+def test_the_overlap_study_reports_a_row_with_the_seeds_it_has():
+  class Cached(FakeRuns):
+    def get(self, run):
+      return None if run.seed == 2 and "tau" in run.variant.name else super().get(run)
+
+  rows = overlap_quality.results(
+    Cached(lambda *a: 2.0), STUDY, 1024, {"lordo": 1e-2, "diloco": 1e-3}
+  )
+  by = {(r["method"], r["overlap"]): r for r in rows}
+  assert list(by["lordo", "tau=4 rebase"]["losses"]) == ["0", "1"]
+  assert len(by["lordo", "round eager"]["losses"]) == 3
