@@ -199,8 +199,13 @@ def main(argv=None) -> int:
   notes = [
     f"The {study.preset} preset, r = {study.rank}, K = {study.sync_every}, batch "
     f"{study.batch_size} per worker, 8 simulated workers, warmup {study.warmup_steps} then "
-    f"cosine over the run; seeds {list(study.seeds)}; each method at the long-horizon "
-    "study's best rate at this horizon (long_horizon.md), the same for every overlap.",
+    f"cosine over the run; seeds {list(study.seeds)}; each method at "
+    + (
+      "the quick sweep's first rate"
+      if args.quick
+      else "the long-horizon study's best rate at this horizon (long_horizon.md)"
+    )
+    + ", the same for every overlap.",
     "vs none: the relative difference of the final validation loss from the same method "
     "and seed without overlap (positive: overlap is worse); its mean over the seeds "
     "present. Streaming merges with alpha = 0.5.",

@@ -96,7 +96,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     default=None,
     help="comma-separated lordo_jax methods to train, among lordo, low_rank_ddp, ddp, "
     "diloco, local_adam, desloc, lordo_local_projection, lordo_global_projection_only "
-    "(default: lordo,low_rank_ddp,ddp,diloco, those the installed lordo_jax provides)",
+    "and lordo_int8_overlap (LoRDO with an int8 pseudo-gradient and overlap='round') "
+    "(default: lordo,low_rank_ddp,ddp,diloco,lordo_int8_overlap, those the installed "
+    "lordo_jax provides)",
   )
   add("--workers", type=int, default=8, help="simulated workers M; must divide --devices")
   add(
