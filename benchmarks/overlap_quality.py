@@ -10,7 +10,7 @@ found best for it there, with every overlap of MATH.md §9: none (every sync blo
 ``overlap="round"`` with the eager merge (Kale et al.'s Algorithm 3) and the delayed one
 (their Algorithm 2), and ``overlap=tau`` for tau in {1, 2, 4} with ``merge="rebase"``
 and ``merge="streaming"`` (alpha 0.5, Streaming DiLoCo's); and LoRDO with an int8
-pseudo-gradient and ``overlap="round"`` (the library's configuration for slow links).
+pseudo-gradient and ``overlap="round"`` (the configuration that needs the least bandwidth).
 The rate is not tuned again for each overlap: the question is what turning overlap on
 costs a user who keeps their rate.
 
@@ -166,7 +166,9 @@ def markdown(rows: list[dict], study, steps: int) -> list[str]:
         "-"
         if r["mean"] is None
         else f"{r['mean']:.4f} +- {r['spread']:.4f} (n={len(r['losses'])})",
-        "-" if r["overlap"] == "none" else ", ".join(f"{100 * d:+.2f}%" for d in r["vs_none"]),
+        ", ".join(f"{100 * d:+.2f}%" for d in r["vs_none"])
+        if r["overlap"] != "none" and r["vs_none"]
+        else "-",
         "-"
         if r["vs_none_mean"] is None or r["overlap"] == "none"
         else f"{100 * r['vs_none_mean']:+.2f}%",

@@ -37,7 +37,8 @@ With ``--overlap round`` (or a tau below ``--sync-every``) and ``--merge``, ever
 built on a round averages each round's message while its workers go on (lordo_jax's
 ``overlap``, MATH.md §9); the table's "90% busy at" is then the overlapped one. The
 default table's last row, ``lordo_int8_overlap``, is LoRDO with its pseudo-gradient in
-int8 and a whole round in flight, the library's configuration for slow links.
+int8 and a whole round in flight: the least bandwidth of any configuration, at a cost
+in loss (docs/guides/overlap.md, "What it costs in quality").
 
 With ``--checkpoint-dir`` each method saves checkpoints under ``DIR/<method>``;
 ``--resume`` continues every method that has one from its latest (a method without

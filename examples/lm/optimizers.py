@@ -30,7 +30,7 @@ from . import model as model_lib
 # The methods the main command compares, in the order of its table.
 DEFAULT_METHODS = ("lordo", "low_rank_ddp", "ddp", "diloco", "lordo_int8_overlap")
 # Named configurations of a method: LoRDO for slow links, its pseudo-gradient in int8
-# and a whole round in flight (the library's best configuration for slow links).
+# and a whole round in flight (the least bandwidth, at a cost in loss: the overlap guide).
 VARIANTS = {"lordo_int8_overlap": ("lordo", {"compression": "int8", "overlap": "round"})}
 # Every optimizer factory the examples know how to configure.
 KNOWN_METHODS = (
