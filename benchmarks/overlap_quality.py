@@ -62,15 +62,18 @@ ROWS = {
   "diloco": OVERLAPS,
 }
 ROUND = ("none", "round eager", "int8 + round eager", "round delayed")
-# Trained in this order: (methods, rows or None for all, seeds). DiLoCo's runs take a
-# third of LoRDO's (no SVD), so its every seed comes before LoRDO's other seeds.
+WINDOWS = ("none", *(row for row in OVERLAPS if row.startswith("tau")))
+# Trained in this order: (methods, rows or None for all, seeds). Seed 0 of every row
+# first; then the other seeds where a row is closest to no overlap, so that seeds decide
+# it (DiLoCo's windows, LoRDO's rebased ones), then the rest.
 ORDER = (
   (METHODS, ROUND, (0,)),
   (("diloco",), None, (0,)),
   (("lordo",), None, (0,)),
-  (("diloco",), None, (1, 2)),
-  (("lordo",), ROUND, (1, 2)),
-  (("lordo",), None, (1, 2)),
+  (("diloco",), WINDOWS, (1, 2)),
+  (("lordo",), ("none", "tau=1 rebase", "tau=2 rebase"), (1, 2)),
+  (METHODS, ROUND, (1, 2)),
+  (METHODS, None, (1, 2)),
 )
 
 
