@@ -79,7 +79,8 @@ def test_todays_round_is_not_overlappable_for_lordo_and_diloco():
     lordo_jax.lordo(1e-2, rank=2, sync_every=4, axis_name="workers"),
     lordo_jax.diloco(1e-2, sync_every=4, axis_name="workers"),
   ):
-    state = jax.vmap(tx.init)(params)
+    # Waited on: the only program this test runs (one device, no collective).
+    state = jax.block_until_ready(jax.vmap(tx.init)(params))
 
     def body(params, state, grads, tx=tx):
       one = lambda x: x[0]  # noqa: E731
