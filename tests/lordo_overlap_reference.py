@@ -4,6 +4,11 @@ the freeze, window and landing of MATH.md §9 in place of §4's blocking sync.
 The landing refreshes every basis from the landed mean pseudo-gradient and carries the
 corrected moments into it (§4.5, §4.6), which ``overlap_reference`` (SGD and Adam on
 whole leaves) does not model. The outer step is plain averaging (``Reference``'s).
+
+With fragments (Streaming DiLoCo, ``overlap=tau`` only) the leaves are labelled
+f in [0, F); fragment f freezes at the end of the steps t with t % K == o_f,
+o_f = ((f + 1) K // F) % K, and lands tau steps later, on its own leaves only. Without
+labels every leaf is in fragment 0, F = 1, o_0 = 0: the freeze at every round boundary.
 """
 
 import dataclasses
@@ -19,33 +24,57 @@ class Overlap:
   merge_alpha: float = 0.0
 
 
-class InFlight(ref.Reference):
-  """M LoRDO workers whose round's message lands ``overlap.tau`` steps (or a round) late."""
+def fragment_offsets(sync_every: int, count: int) -> list[int]:
+  """o_f = ((f + 1) K // F) % K: fragment f syncs at the steps t with t % K == o_f."""
+  return [((f + 1) * sync_every // count) % sync_every for f in range(count)]
 
-  def __init__(self, cfg: ref.Config, params, num_workers: int, overlap: Overlap):
+
+class InFlight(ref.Reference):
+  """M LoRDO workers whose round's message lands ``overlap.tau`` steps (or a round) late.
+
+  ``fragments``: {leaf name: f} (tau an int only), or None (one fragment). ``landings``
+  lists the (t, f) of every landing of a window.
+  """
+
+  def __init__(self, cfg: ref.Config, params, num_workers: int, overlap: Overlap, fragments=None):
     super().__init__(cfg, params, num_workers)
     self.overlap = overlap
     self.anchors = [dict(self.anchor) for _ in range(num_workers)]  # per worker (eager)
-    self.frozen: list | None = None  # per worker: (D_m, {leaf: (u_m, v_m)})
+    self.frozen: list | None = None  # "round": per worker (D_m, {leaf: (u_m, v_m)})
+    labels = fragments or dict.fromkeys(self.anchor, 0)
+    count = max(labels.values()) + 1
+    self.fragments = [[n for n in self.anchor if labels[n] == f] for f in range(count)]
+    self.offsets = fragment_offsets(cfg.sync_every, count)
+    self.in_flight: dict[int, list] = {}  # tau: fragment -> its frozen message, per worker
+    self.landings: list[tuple[int, int]] = []
+    if overlap.tau == "round" and count > 1:
+      raise NotImplementedError("overlap='round' with fragments is not modelled")
+    if overlap.tau != "round":
+      k, s = cfg.sync_every, sorted(self.offsets)
+      gaps = [(s[(i + 1) % count] - s[i]) % k for i in range(count)] if count > 1 else [k]
+      if not 0 < overlap.tau < min(gaps):
+        raise ValueError(f"tau={overlap.tau} must be in [1, {min(gaps)}): one message in flight")
 
-  def _moments(self, m):
-    """Worker m's averaged moments, per leaf: (u, v) low-rank, (m, v) full-rank."""
+  def _moments(self, m, names=None):
+    """Worker m's moments of ``names`` (all leaves): (u, v) low-rank, (m, v) full-rank."""
     fields = lambda name: ("u", "v") if name in self.sides else ("m", "v")  # noqa: E731
     return {
       name: tuple(getattr(self.states[m][name], f).copy() for f in fields(name))
-      for name in self.anchor
+      for name in (self.anchor if names is None else names)
     }
 
-  def _freeze(self):
+  def _freeze(self, names=None):
+    """Per worker m: (D_m = anchor_m - theta_m, the moments), on ``names`` (all leaves)."""
+    names = list(self.anchor) if names is None else names
     return [
-      ({k: self.anchors[m][k] - p for k, p in self.params[m].items()}, self._moments(m))
+      ({k: self.anchors[m][k] - self.params[m][k] for k in names}, self._moments(m, names))
       for m in range(self.num_workers)
     ]
 
-  def _correct(self, frozen, steps):
+  def _correct(self, frozen, steps, names=None):
     """u_m += b1^steps (Ubar - U_m), v_m += b2^steps (Vbar - V_m) (§9, step 3)."""
     decays = (self.cfg.b1**steps, self.cfg.b2**steps)
-    for name in self.anchor:
+    for name in self.anchor if names is None else names:
       fields = ("u", "v") if name in self.sides else ("m", "v")
       for i, field in enumerate(fields):
         mean = self._mean([f[1][name][i] for f in frozen])
@@ -53,8 +82,9 @@ class InFlight(ref.Reference):
           st = self.states[m][name]
           setattr(st, field, getattr(st, field) + decays[i] * (mean - f[1][name][i]))
 
-  def _refresh_all(self, deltas):
-    for name in self.sides:
+  def _refresh_all(self, deltas, names=None):
+    """Q_new = ComputeProjection(Dbar) and the moments rotated into it, per low-rank leaf."""
+    for name in self.sides if names is None else [n for n in names if n in self.sides]:
       q_old = self.bases[name]
       q_new = self._refresh(name, deltas[name], q_old)
       for m in range(self.num_workers):
@@ -64,30 +94,40 @@ class InFlight(ref.Reference):
   def _sync(self) -> None:  # called by Reference.step at every boundary
     if self.overlap.tau == "round":
       self._land_round()
-    else:
-      self.frozen = self._freeze()
 
   def step(self, grads):
+    """The local step; then each fragment f lands if t % K == (o_f + tau) % K and its
+    message is in flight, and freezes if t % K == o_f (never the same step: tau < K)."""
     super().step(grads)
     k, tau = self.cfg.sync_every, self.overlap.tau
-    if tau != "round" and self.frozen is not None and self.t % k == tau:
-      self._land_window()
+    if tau == "round":
+      return self.params
+    for f, names in enumerate(self.fragments):
+      if f in self.in_flight and self.t % k == (self.offsets[f] + tau) % k:
+        self._land_window(f)
+      if self.t % k == self.offsets[f]:
+        assert f not in self.in_flight, "a fragment froze again before it landed"
+        self.in_flight[f] = self._freeze(names)
     return self.params
 
-  def _land_window(self):
-    frozen, self.frozen = self.frozen, None
-    deltas = {k: self._mean([f[0][k] for f in frozen]) for k in self.anchor}
+  def _land_window(self, f):
+    """§9's landing on fragment f's leaves: Dbar = mean_m D_m, anchor -= Dbar, the merge,
+    the moment correction, and the refresh of f's low-rank leaves from Dbar."""
+    names, frozen = self.fragments[f], self.in_flight.pop(f)
+    self.landings.append((self.t, f))
+    deltas = {k: self._mean([fr[0][k] for fr in frozen]) for k in names}
     for m, (d_m, _) in enumerate(frozen):
-      for k, a_old in self.anchors[m].items():
+      for k in names:
+        a_old = self.anchors[m][k]
         new = a_old - deltas[k]
         if self.overlap.merge == "rebase":
           self.params[m][k] = new + (self.params[m][k] - (a_old - d_m[k]))
         else:
           alpha = self.overlap.merge_alpha
           self.params[m][k] = alpha * self.params[m][k] + (1 - alpha) * new
-      self.anchors[m] = {k: a - deltas[k] for k, a in self.anchors[m].items()}
-    self._correct(frozen, self.overlap.tau)
-    self._refresh_all(deltas)
+        self.anchors[m][k] = new
+    self._correct(frozen, self.overlap.tau, names)
+    self._refresh_all(deltas, names)
 
   def _land_round(self):
     fresh = self._freeze()  # D_m now; its moments are taken after the landing, below

@@ -8,6 +8,11 @@ whole leaves (the low-rank step and the basis refresh are the plain round's, in
 ``lordo_reference``), the moments are averaged at every sync, and the outer step is
 plain averaging (an update of ``-D``) or Nesterov SGD (DiLoCo), as in MATH.md §4.3.
 Chunking does not change the values without a codec: each message is sent whole.
+
+With ``fragment_of`` (a fragment label per element, F fragments: streaming) fragment f
+is frozen at the steps t = o_f mod K, o_f = floor((f + 1) K / F) mod K, and lands tau
+steps later, its elements only; tau is below the spacing of the offsets, so one
+fragment's message at a time is in flight.
 """
 
 import dataclasses
@@ -29,6 +34,7 @@ class Setup:
   eps: float = 1e-8
   outer_learning_rate: float = 1.0  # with outer_momentum 0: plain averaging
   outer_momentum: float = 0.0
+  fragment_of: np.ndarray | None = None  # a label per element of the params; None: one
 
 
 @dataclasses.dataclass
@@ -39,6 +45,7 @@ class Worker:
   anchor: np.ndarray  # shared, except with the eager merge
   outer_momentum: np.ndarray
   frozen: tuple | None = None  # (D_m, U_m, V_m) of the message in flight
+  fragment: int = 0  # the fragment whose message is in flight (tau < K)
 
 
 def _inner_step(s: Setup, w: Worker, g: np.ndarray, t: int) -> None:
@@ -60,18 +67,22 @@ def _outer(s: Setup, anchor, momentum, delta):
   return anchor - s.outer_learning_rate * step, momentum
 
 
-def _land(s: Setup, ws: list[Worker], decay_steps: int) -> None:
-  """The frozen messages land: outer step, the parameters merged, the moments corrected."""
+def _land(s: Setup, ws: list[Worker], decay_steps: int, mask=True) -> None:
+  """The frozen messages land on the elements in ``mask``: outer step, the parameters
+  merged, the moments corrected; the other elements are left as they are."""
   deltas, us, vs = (np.mean([w.frozen[i] for w in ws], axis=0) for i in range(3))
   anchor, momentum = _outer(s, ws[0].anchor, ws[0].outer_momentum, deltas)
+  anchor = np.where(mask, anchor, ws[0].anchor)
+  momentum = np.where(mask, momentum, ws[0].outer_momentum)
   for w in ws:
     d_m, u_m, v_m = w.frozen
     if s.merge == "rebase":
-      w.params = anchor + (w.params - (w.anchor - d_m))
+      merged = anchor + (w.params - (w.anchor - d_m))
     else:  # streaming
-      w.params = s.merge_alpha * w.params + (1 - s.merge_alpha) * anchor
-    w.u = w.u + s.b1**decay_steps * (us - u_m)
-    w.v = w.v + s.b2**decay_steps * (vs - v_m)
+      merged = s.merge_alpha * w.params + (1 - s.merge_alpha) * anchor
+    w.params = np.where(mask, merged, w.params)
+    w.u = np.where(mask, w.u + s.b1**decay_steps * (us - u_m), w.u)
+    w.v = np.where(mask, w.v + s.b2**decay_steps * (vs - v_m), w.v)
     w.anchor, w.outer_momentum, w.frozen = anchor, momentum, None
 
 
@@ -96,6 +107,21 @@ def _land_round(s: Setup, ws: list[Worker], fresh: list[tuple]) -> None:
     w.frozen = (f[0], w.u.copy(), w.v.copy())
 
 
+def _window(s: Setup, ws: list[Worker], t: int) -> None:
+  """Step t with tau < K: the fragment whose offset t is frozen, and the fragment in
+  flight lands tau steps after its freeze (at once with tau = 0)."""
+  labels = np.zeros(ws[0].params.shape, int) if s.fragment_of is None else s.fragment_of
+  count = int(labels.max()) + 1
+  offsets = [((f + 1) * s.sync_every // count) % s.sync_every for f in range(count)]
+  for f, offset in enumerate(offsets):
+    if t % s.sync_every == offset:
+      for w in ws:
+        w.frozen, w.fragment = (w.anchor - w.params, w.u.copy(), w.v.copy()), f
+  in_flight = ws[0].frozen is not None
+  if in_flight and t % s.sync_every == (offsets[ws[0].fragment] + s.tau) % s.sync_every:
+    _land(s, ws, s.tau, labels == ws[0].fragment)
+
+
 def run(s: Setup, params0: np.ndarray, grads, steps: int) -> list[list[Worker]]:
   """Every worker's state after each of ``steps`` steps; ``grads(m, t, params)``."""
   ws = [
@@ -116,10 +142,6 @@ def run(s: Setup, params0: np.ndarray, grads, steps: int) -> list[list[Worker]]:
     if s.tau == s.sync_every and boundary:
       _land_round(s, ws, [(w.anchor - w.params, w.u.copy(), w.v.copy()) for w in ws])
     elif s.tau < s.sync_every:
-      if boundary:
-        for w in ws:
-          w.frozen = (w.anchor - w.params, w.u.copy(), w.v.copy())
-      if ws[0].frozen is not None and (t % s.sync_every) == s.tau % s.sync_every:
-        _land(s, ws, s.tau)
+      _window(s, ws, t)
     history.append([dataclasses.replace(w) for w in ws])
   return history

@@ -29,16 +29,18 @@ def widths(parts: tuple, chunks: int) -> tuple[int, ...]:
   return tuple(chunk_size(p, chunks) if jax.tree.leaves(p) else 0 for p in parts)
 
 
-def _rows(tree: Any, chunks: int) -> jax.Array:
-  """One tree as a float32 ``chunks x chunk_size`` block, zero-padded; a leaf split over
-  ``Explicit`` axes inside the worker is made whole there first (the group's fast links)."""
+def _rows(tree: Any, chunks: int, width: int) -> jax.Array:
+  """One tree as a float32 ``chunks x width`` block: its ``chunks x chunk_size`` rows,
+  zero-padded, and zero columns up to ``width``; a leaf split over ``Explicit`` axes
+  inside the worker is made whole there first (the group's fast links)."""
   flat = [jnp.ravel(layout.whole(x)).astype(jnp.float32) for x in jax.tree.leaves(tree)]
   size = chunk_size(tree, chunks)
   buffer = jnp.concatenate([*flat, jnp.zeros((0,), jnp.float32)])
-  return jnp.pad(buffer, (0, chunks * size - buffer.shape[0])).reshape(chunks, size)
+  rows = jnp.pad(buffer, (0, chunks * size - buffer.shape[0])).reshape(chunks, size)
+  return jnp.pad(rows, ((0, 0), (0, width - size)))
 
 
-def freeze(parts: tuple, chunks: int) -> jax.Array:
+def freeze(parts: tuple, chunks: int, columns: tuple | None = None, split_like=None):
   r"""The trees ``parts`` as one float32 ``chunks x width`` buffer.
 
   Each part's leaves are raveled in order, concatenated and zero-padded to a multiple
@@ -47,10 +49,17 @@ def freeze(parts: tuple, chunks: int) -> jax.Array:
   every part, so the mean of the chunks is the chunks of the mean, element by element,
   whatever the split, and a part's slice is the same elements in every round (a
   codec's residual follows them).
+
+  ``columns`` gives each part's block a width of its own (at least its :func:`widths`;
+  the extra columns are zeros): the fragments of a streamed message share one buffer
+  laid out for the widest of them. ``split_like`` (default: the leaves of ``parts``)
+  are the leaves whose sharding decides how the buffer's columns are split
+  (:func:`_split_columns`), the same for every fragment.
   """
-  blocks = [_rows(p, chunks) for p, w in zip(parts, widths(parts, chunks), strict=True) if w]
+  columns = widths(parts, chunks) if columns is None else columns
+  blocks = [_rows(p, chunks, w) for p, w in zip(parts, columns, strict=True) if w]
   buffer = jnp.concatenate([*blocks, jnp.zeros((chunks, 0), jnp.float32)], axis=1)
-  return _split_columns(buffer, jax.tree.leaves(parts))
+  return _split_columns(buffer, jax.tree.leaves(parts if split_like is None else split_like))
 
 
 def _split_columns(buffer: jax.Array, leaves: list) -> jax.Array:
@@ -84,11 +93,14 @@ def _thaw_one(block: jax.Array, like: Any) -> Any:
   return jax.tree.unflatten(treedef, out)
 
 
-def thaw(buffer: jax.Array, likes: tuple) -> tuple:
-  """The inverse of :func:`freeze`: trees shaped, typed and split like ``likes``."""
+def thaw(buffer: jax.Array, likes: tuple, columns: tuple | None = None) -> tuple:
+  """The inverse of :func:`freeze` (with the same ``columns``): trees shaped, typed and
+  split like ``likes``."""
   buffer, out, start = layout.whole(buffer), [], 0
-  for like, width in zip(likes, widths(likes, buffer.shape[0]), strict=True):
-    out.append(_thaw_one(buffer[:, start : start + width], like))
+  chunks = buffer.shape[0]
+  columns = widths(likes, chunks) if columns is None else columns
+  for like, used, width in zip(likes, widths(likes, chunks), columns, strict=True):
+    out.append(_thaw_one(buffer[:, start : start + used], like))
     start += width
   return tuple(out)
 

@@ -22,6 +22,8 @@ from lordo_jax.comm import _compression as compression_lib
 from lordo_jax.round import _moment_trees as moment_trees
 from lordo_jax.round import _offload as offload_lib
 from lordo_jax.round import _outer_step as outer_lib
+from lordo_jax.round import _periods as schedules
+from lordo_jax.round import _schedule as round_schedule
 
 MERGES = ("eager", "delayed")  # overlap="round"
 WINDOW_MERGES = ("rebase", "streaming")  # overlap=tau < K
@@ -37,11 +39,41 @@ class InFlight(NamedTuple):
   residual: Any = ()  # With compression: the error feedback of D_m's columns, per chunk.
 
 
-def _message(parts, delta, inner_state) -> tuple:
+def _message(parts, delta, inner_state, fragment=None) -> tuple:
   """What a boundary freezes, in two parts: the pseudo-gradient, and the moments
-  averaged every sync (each sent with its codec)."""
+  averaged every sync (each sent with its codec); of the leaves in ``fragment`` only
+  (``None``: all; the others ``optax.MaskedNode()``)."""
   fields = [f for _, group in parts.moment_groups for f in group]
-  return (delta, tuple(moment_trees.moment_tree(inner_state, f) for f in fields))
+  moments = tuple(moment_trees.moment_tree(inner_state, f, fragment) for f in fields)
+  return (moment_trees.select(delta, fragment), moments)
+
+
+class Layout(NamedTuple):
+  """How the message in flight sits in its buffer: one fragment at a time (streaming),
+  each part padded to the columns of its widest fragment."""
+
+  masks: list  # The fragments' leaves (round_schedule.fragment_masks); [None]: one.
+  columns: tuple  # Each part's columns, its widest fragment's.
+
+
+def layout(parts, like, inner_state) -> Layout:
+  """The :class:`Layout` for params shaped like ``like`` and the inner state."""
+  masks = round_schedule.fragment_masks(like, parts.fragments)
+  each = [chunks_lib.widths(_message(parts, like, inner_state, m), chunks(parts)) for m in masks]
+  return Layout(masks, tuple(max(w) for w in zip(*each, strict=True)))
+
+
+def _frozen(parts, delta, inner_state, lay, fragment=None, take=slice(None)):
+  """The buffer of the parts ``take`` of the message of ``fragment``, laid out by
+  ``lay``; its columns split as the whole message's leaves are (the same sharding
+  whichever fragment is frozen)."""
+  whole = _message(parts, delta, inner_state)
+  return chunks_lib.freeze(
+    _message(parts, delta, inner_state, fragment)[take],
+    chunks(parts),
+    columns=lay.columns[take],
+    split_like=whole[take],
+  )
 
 
 def _codecs(parts) -> tuple:
@@ -58,44 +90,51 @@ def chunks(parts) -> int:
 
 
 def init(parts, params, inner_state) -> InFlight:
-  """Nothing in flight before the first boundary: zeros (a mean of zero lands there)."""
-  like = _message(parts, params, inner_state)
-  zeros = jnp.zeros_like(chunks_lib.freeze(like, chunks(parts)))
+  """Nothing in flight before the first boundary: zeros (a mean of zero lands there).
+  With compression the residual has the rows of every fragment's chunks."""
+  lay = layout(parts, params, inner_state)
+  if parts.overlap != "round":
+    check_spacing(parts.name, parts.sync_every, len(lay.masks), parts.overlap)
+  zeros = jnp.zeros_like(_frozen(parts, params, inner_state, lay, lay.masks[0]))
   residual = ()
   if parts.compression is not None:
-    residual = jnp.zeros_like(chunks_lib.freeze(like[:1], chunks(parts)))
+    rows = _frozen(parts, params, inner_state, lay, lay.masks[0], take=slice(0, 1))
+    residual = jnp.zeros_like(jnp.concatenate([rows] * len(lay.masks)))
   return InFlight(message=zeros, means=zeros, residual=residual)
 
 
-def send_chunk(parts, state, count, sending=None):
-  """This step's chunk, ``(count - 1) mod K`` (at most the last), averaged and counted:
-  ``(in_flight, ledger)``. With ``sending`` (a traced bool) the mean and the residual
-  are kept only where it holds; with offload one row of each buffer comes in from host
-  memory and goes back."""
-  index = jnp.minimum((count - 1) % parts.sync_every, chunks(parts) - 1)
+def send_chunk(parts, state, index, lay, residual_row=None, sending=None):
+  """Chunk ``index`` (a traced int) of the message in flight, averaged and counted:
+  ``(in_flight, ledger)``. The residual is the one of row ``residual_row`` (default
+  ``index``: that of the fragment in flight). With ``sending`` (a traced bool) the mean
+  and the residual are kept only where it holds; with offload one row of each buffer
+  comes in from host memory and goes back."""
+  residual_row = index if residual_row is None else residual_row
   flight, compressed, offload = state.in_flight, parts.compression is not None, parts.offload
   read = functools.partial(chunks_lib.row, index=index, to_device=offload)
   write = functools.partial(chunks_lib.with_row, index=index, to_host=offload)
-  own = read(flight.residual) if compressed else None
+  own = chunks_lib.row(flight.residual, residual_row, to_device=offload) if compressed else None
   mean, ledger, fed = chunks_lib.chunk_mean(
     read(flight.message),
     state.ledger,
     parts.axis_name,
     codecs=_codecs(parts),
-    parts=chunks_lib.widths(_message(parts, *_likes(parts, state)), chunks(parts)),
+    parts=lay.columns,
     residual=own,
   )
   if sending is not None:  # A chunk sent for nothing changes nothing but the ledger.
     mean = jnp.where(sending, mean, read(flight.means))
     fed = jnp.where(sending, fed, own) if compressed else None
-  residual = write(flight.residual, fed) if compressed else ()
+  residual = ()
+  if compressed:
+    residual = chunks_lib.with_row(flight.residual, fed, residual_row, to_host=offload)
   return flight._replace(means=write(flight.means, mean), residual=residual), ledger
 
 
-def _likes(parts, state):
-  """(a tree like the pseudo-gradient, the inner state): the message's shapes."""
+def state_layout(parts, state) -> Layout:
+  """The :class:`Layout` of ``state``'s message (its shapes only)."""
   like = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, jnp.float32), state.anchor)
-  return like, state.inner_state
+  return layout(parts, like, state.inner_state)
 
 
 def land(parts, state, params, local_updates, grads):
@@ -146,16 +185,18 @@ def land(parts, state, params, local_updates, grads):
   )
 
 
-def freeze(parts, state, params, local_updates):
-  """At a boundary with ``overlap=tau``: this worker's message frozen, nothing sent."""
+def freeze(parts, state, params, local_updates, lay, fragment=None):
+  """At a boundary with ``overlap=tau`` (of ``fragment``'s round, streaming): this
+  worker's message of the fragment's leaves frozen, nothing sent."""
   local_params = optax.apply_updates(params, local_updates)
   delta = jax.tree.map(lambda a, p: (a - p).astype(jnp.float32), state.anchor, local_params)
-  message = chunks_lib.freeze(_message(parts, delta, state.inner_state), chunks(parts))
+  message = _frozen(parts, delta, state.inner_state, lay, fragment)
   return state._replace(in_flight=state.in_flight._replace(message=message))
 
 
-def land_window(parts, state, params, local_updates, grads):
-  r"""At :math:`t_0 + \tau` with ``overlap=tau``: the message frozen at :math:`t_0` lands.
+def land_window(parts, state, params, local_updates, grads, lay, f=0, fragment=None):
+  r"""At :math:`t_0 + \tau` with ``overlap=tau``: the message frozen at :math:`t_0` lands
+  (fragment ``f``'s leaves, ``fragment``, with its own outer state, streaming).
 
   .. math::
     \tilde\theta = \text{anchor} + \text{outer}(\bar D), \qquad
@@ -167,41 +208,49 @@ def land_window(parts, state, params, local_updates, grads):
   :math:`\bar D`. Returns the state and this worker's new parameters.
   """
   local_params = optax.apply_updates(params, local_updates)
-  like = _message(parts, jax.tree.map(lambda p: p.astype(jnp.float32), params), state.inner_state)
-  old, mean = (chunks_lib.thaw(b, like) for b in state.in_flight[:2])
+  as_float32 = jax.tree.map(lambda p: p.astype(jnp.float32), params)
+  like = _message(parts, as_float32, state.inner_state, fragment)
+  old, mean = (chunks_lib.thaw(b, like, lay.columns) for b in state.in_flight[:2])
   anchor, outer_state = outer_lib.outer_step(
-    parts.outer, None, state.anchor, mean[0], state.outer_state[0], jnp.float32(1)
+    parts.outer, fragment, state.anchor, mean[0], state.outer_state[f], jnp.float32(1)
   )
+  mine = functools.partial(moment_trees.select, fragment=fragment)
   if parts.merge == "rebase":
     merged = jax.tree.map(
       lambda new, x, a, d: new + (x - (a - d)).astype(new.dtype),
-      anchor,
-      local_params,
-      state.anchor,
+      mine(anchor),
+      mine(local_params),
+      mine(state.anchor),
       old[0],
     )
   else:
     alpha = parts.merge_alpha
-    merged = jax.tree.map(lambda new, x: alpha * x + (1 - alpha) * new, anchor, local_params)
+    merged = jax.tree.map(
+      lambda new, x: alpha * x + (1 - alpha) * new, mine(anchor), mine(local_params)
+    )
   inner_state = _corrected_moments(
-    parts, state.inner_state, old[1], mean[1], jnp.float32(1), parts.overlap
+    parts, state.inner_state, old[1], mean[1], jnp.float32(1), parts.overlap, fragment
   )
-  inner_state = parts.refresh.at_sync(inner_state, mean[0], grads, None, jnp.float32(1))
+  inner_state = parts.refresh.at_sync(inner_state, mean[0], grads, fragment, jnp.float32(1))
+  outer_states = state.outer_state
   state = state._replace(
-    inner_state=inner_state, anchor=anchor, outer_state=(outer_state,), syncs=state.syncs + 1
+    inner_state=inner_state,
+    anchor=anchor,
+    outer_state=(*outer_states[:f], outer_state, *outer_states[f + 1 :]),
+    syncs=state.syncs.at[f].add(1),
   )
-  return state, merged
+  return state, moment_trees.merge(local_params, merged)
 
 
-def _corrected_moments(parts, inner_state, own: tuple, means: tuple, landed, steps) -> Any:
-  """Each averaged moment as if the mean had replaced this worker's at the boundary it
-  was frozen: :math:`x \\mathrel{+}= \\beta^K (\\bar X - X_m)` (an EMA is linear in its
-  start); ``steps`` is how long it was in flight."""
+def _corrected_moments(parts, inner_state, own, means, landed, steps, fragment=None) -> Any:
+  """Each averaged moment of the leaves in ``fragment`` as if the mean had replaced this
+  worker's at the boundary it was frozen: :math:`x \\mathrel{+}= \\beta^K (\\bar X - X_m)`
+  (an EMA is linear in its start); ``steps`` is how long it was in flight."""
   fields = [f for _, group in parts.moment_groups for f in group]
   decays = dict(zip(("mu", "nu"), parts.moment_decays, strict=True))
   for field, mine, mean in zip(fields, own, means, strict=True):
     factor = landed * decays[field] ** steps
-    current = moment_trees.moment_tree(inner_state, field)
+    current = moment_trees.moment_tree(inner_state, field, fragment)
     corrected = jax.tree.map(lambda x, b, m, f=factor: x + f * (b - m), current, mean, mine)
     inner_state = moment_trees.with_moments(inner_state, field, corrected)
   return inner_state
@@ -230,7 +279,11 @@ def check(name, r, sync_every, fragments, moment_periods, decays):
       f"{name}: merge_alpha={r.merge_alpha!r} needs merge='streaming'; drop merge_alpha."
     )
   refused = {  # option: (its value, whether it is refused, why)
-    "fragments": (fragments, fragments != 1, "the round already streams, one chunk a step"),
+    "fragments": (
+      fragments,
+      r.overlap == "round" and fragments != 1,
+      "the round already streams, one chunk a step",
+    ),
     "sync_every": (sync_every, callable(sync_every), "the round's length must be a fixed int"),
     "fault_tolerant": (r.fault_tolerant, r.fault_tolerant, "a late message has no presence"),
   }
@@ -251,16 +304,19 @@ def check(name, r, sync_every, fragments, moment_periods, decays):
       f"{name}: overlap={r.overlap!r} with moment averaging needs moment_decays=(b1, b2), the "
       "inner optimizer's, to correct the moments at a landing."
     )
+  if window and isinstance(fragments, int):
+    check_spacing(name, sync_every, fragments, r.overlap)
   return merge
 
 
-def overlap_phase(step: int, *, sync_every: int, overlap: Any) -> str:
+def overlap_phase(step: int, *, sync_every: int, overlap: Any, fragments: int = 1) -> str:
   """The phase of update number ``step`` of an optimizer built with ``overlap``: pass it
   as ``update(..., overlap_phase=...)``, a static value (MATH.md §9).
 
   ``"send"`` when that update sends a chunk of the message in flight (every update
   with ``overlap="round"``; with an int ``overlap=tau``, the first tau updates of every
-  round after the first), else ``"local"``. Compiled with ``"send"``, a step's chunk is
+  round after the first, and with ``fragments`` the tau updates after each fragment's
+  sync), else ``"local"``. Compiled with ``"send"``, a step's chunk is
   one collective outside any conditional that reads only the state carried in, which
   XLA may run under the step's forward and backward pass; so a training step jitted
   with the phase static compiles two programs, each once. The phase only places the
@@ -273,6 +329,8 @@ def overlap_phase(step: int, *, sync_every: int, overlap: Any) -> str:
       a Python int computed on the host.
     sync_every: K, the optimizer's ``sync_every``.
     overlap: the optimizer's ``overlap``.
+    fragments: the optimizer's ``fragments``, an int (for a function of the params, the
+      number of fragments it gives).
 
   Returns:
     ``"send"`` or ``"local"``.
@@ -291,7 +349,11 @@ def overlap_phase(step: int, *, sync_every: int, overlap: Any) -> str:
     return "send"
   if not overlap:
     return "local"
-  return "send" if step >= sync_every and step % sync_every < overlap else "local"
+  checks.positive_int("overlap_phase", "fragments", fragments)
+  senders, indices = window_positions(sync_every, fragments, overlap)
+  t = step + 1  # the update's count, 1-based
+  frozen_at = t - indices[t % sync_every] - 1
+  return "send" if senders[t % sync_every] >= 0 and frozen_at >= 1 else "local"
 
 
 def check_phase(name: str, overlap: Any, phase: Any) -> None:
@@ -317,42 +379,96 @@ def check_phase(name: str, overlap: Any, phase: Any) -> None:
 
 def window_step(parts, grads, state, params, local_updates, count, phase=None):
   """``overlap=tau``: the chunks at steps t0+1 .. t0+tau, the landing at t0+tau and the
-  freeze at a boundary. With ``phase="send"`` the chunk is sent unconditionally (kept
-  only on a step that sends, :func:`overlap_phase`), otherwise inside a conditional."""
+  freeze at a boundary, each fragment at its own boundaries t0 (streaming:
+  :func:`window_positions`). With ``phase="send"`` the chunk is sent unconditionally
+  (kept only on a step that sends, :func:`overlap_phase`), otherwise inside a
+  conditional."""
   k, tau = parts.sync_every, parts.overlap
-  in_flight = count > k  # a message was frozen at a previous boundary
-  sending = in_flight & ((count - 1) % k < tau)
+  lay = state_layout(parts, state)
+  check_spacing(parts.name, k, len(lay.masks), tau)
+  senders, indices = (jnp.asarray(x, jnp.int32) for x in window_positions(k, len(lay.masks), tau))
+  sender, index = senders[count % k], indices[count % k]
+  # A message is in flight when the step that froze it (count - index - 1) was taken.
+  sending = (sender >= 0) & (count - index > 1)
+  send = functools.partial(send_chunk, parts, index=index, lay=lay)
+  residual_row = jnp.maximum(sender, 0) * tau + index
   if phase == "send":
-    in_flight_state, ledger = send_chunk(parts, state, count, sending)
+    in_flight_state, ledger = send(state, residual_row=residual_row, sending=sending)
   else:
     in_flight_state, ledger = jax.lax.cond(
       sending,
-      lambda s: send_chunk(parts, s, count),
+      lambda s: send(s, residual_row=residual_row),
       lambda s: (s.in_flight, s.ledger),
       state,
     )
   state = state._replace(in_flight=in_flight_state, ledger=ledger)
-  local_params = optax.apply_updates(params, local_updates)
-  state, new_params = jax.lax.cond(
-    in_flight & (count % k == tau),
-    _on_device(parts, lambda s: land_window(parts, s, params, local_updates, grads)),
-    lambda s: (s, local_params),
-    state,
-  )
-  state = jax.lax.cond(
-    count % k == 0,
-    _on_device(parts, lambda s: freeze(parts, s, params, local_updates)),
-    lambda s: s,
-    state,
-  )
+  new_params = optax.apply_updates(params, local_updates)
+  offsets = schedules.fragment_offsets(k, len(lay.masks))
+  for f, (fragment, offset) in enumerate(zip(lay.masks, offsets, strict=True)):
+    land = functools.partial(
+      land_window, parts, params=params, local_updates=local_updates, grads=grads, lay=lay, f=f
+    )
+    land = _on_device(parts, functools.partial(land, fragment=fragment))
+    state, new_params = jax.lax.cond(  # At most one fragment lands at a step.
+      (count % k == (offset + tau) % k) & (count > tau),
+      lambda s, n, land=land: land(s),
+      lambda s, n: (s, n),
+      state,
+      new_params,
+    )
+  for fragment, offset in zip(lay.masks, offsets, strict=True):
+    state = jax.lax.cond(
+      count % k == offset,
+      _on_device(
+        parts, lambda s, fragment=fragment: freeze(parts, s, params, local_updates, lay, fragment)
+      ),
+      lambda s: s,
+      state,
+    )
   updates = jax.tree.map(lambda n, p, u: (n - p).astype(u.dtype), new_params, params, local_updates)
   return updates, state
+
+
+def window_positions(sync_every: int, fragments: int, tau: int) -> tuple[list, list]:
+  r"""Which fragment sends which chunk at each position of a round, ``overlap=tau``.
+
+  Fragment f is frozen at the steps :math:`t \equiv o_f \pmod K`
+  (:func:`lordo_jax.round._periods.fragment_offsets`; F = 1: the round's end) and sends
+  chunk j at :math:`t \equiv o_f + 1 + j`, j < tau; it lands at :math:`o_f + \tau`.
+  With tau below the spacing of the offsets (:func:`check_spacing`) one fragment at a
+  time is in flight.
+
+  Returns:
+    ``(senders, chunks)``, each K ints indexed by :math:`t \bmod K`: the fragment
+    sending (-1: none) and its chunk (0 where none sends).
+  """
+  senders, indices = [-1] * sync_every, [0] * sync_every
+  for f, offset in enumerate(schedules.fragment_offsets(sync_every, fragments)):
+    for j in range(tau):
+      senders[(offset + 1 + j) % sync_every], indices[(offset + 1 + j) % sync_every] = f, j
+  return senders, indices
+
+
+def check_spacing(name: str, sync_every: int, fragments: int, tau: int) -> None:
+  """``overlap=tau`` with F fragments: tau below the fewest steps between two fragments'
+  syncs, so that one fragment's message at a time is in flight (Streaming DiLoCo)."""
+  offsets = sorted(schedules.fragment_offsets(sync_every, fragments))
+  following = [*offsets[1:], offsets[0] + sync_every]
+  spacing = min(b - a for a, b in zip(offsets, following, strict=True))
+  if tau >= spacing:
+    raise ValueError(
+      f"{name}: overlap={tau} with fragments={fragments} and sync_every={sync_every} is "
+      f"not accepted: a fragment syncs every {spacing} steps, and a fragment's message "
+      f"must land before the next one is frozen. Use overlap < {spacing}, fewer "
+      "fragments, or a longer sync_every."
+    )
 
 
 def round_step(parts, grads, state, params, local_updates, count):
   """A whole round in flight (:mod:`lordo_jax.round._overlap`): this step's chunk
   (unconditional), and at a boundary the landing, whose update lands on the anchor."""
-  in_flight, ledger = send_chunk(parts, state, count)
+  index = (count - 1) % parts.sync_every
+  in_flight, ledger = send_chunk(parts, state, index, state_layout(parts, state))
   state = state._replace(ledger=ledger, in_flight=in_flight)
 
   def landing(s):

@@ -63,8 +63,11 @@ class RoundOptions:
     "and lands at the next boundary; or tau, an int in [1, K): it is averaged during "
     "the next tau steps and lands at the tau-th (MATH.md §9; the chunk is outside any "
     "conditional in the steps given ``update(..., overlap_phase='send')``, "
-    ":func:`lordo_jax.overlap_phase`). With ``fragments=1``, "
-    "an int ``sync_every`` and no fault tolerance or offload.",
+    ":func:`lordo_jax.overlap_phase`). Needs an int ``sync_every`` and no fault "
+    "tolerance. An int ``overlap`` streams with ``fragments``: each fragment's message "
+    "is frozen at its own sync and lands tau steps later, tau below the fewest steps "
+    'between two fragments\' syncs (one fragment in flight at a time); ``"round"`` '
+    "takes ``fragments=1`` (it already streams the round, a chunk a step).",
     None,
   )
   merge: str | None = keywords.option(

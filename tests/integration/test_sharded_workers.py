@@ -71,6 +71,10 @@ METHODS = {
   "lordo_overlap_window": lambda: lordo_jax.lordo(
     1e-2, rank=2, sync_every=3, axis_name=AXIS, overlap=1
   ),
+  # Two fragments frozen at steps 2 and 4 (K = 4); the first lands at step 3.
+  "lordo_overlap_fragments": lambda: lordo_jax.lordo(
+    1e-2, rank=2, sync_every=4, axis_name=AXIS, overlap=1, fragments=2
+  ),
 }
 # int8 rounding is discontinuous: the 1e-7 differences of a sharded local step (sums
 # split over the FSDP axis) can move a pseudo-gradient entry across a rounding boundary,
@@ -182,6 +186,7 @@ AUTO_METHODS = (
   "diloco",
   "diloco_overlap_round",
   "lordo_overlap_window",
+  "lordo_overlap_fragments",
 )
 
 
@@ -327,7 +332,9 @@ def test_a_products_only_refresh_never_gathers_a_matrix(specs):
     assert len(gathers) <= len(boundary), (method, gathers, boundary)
 
 
-@pytest.mark.parametrize("method", ["diloco_overlap_round", "lordo_overlap_window"])
+@pytest.mark.parametrize(
+  "method", ["diloco_overlap_round", "lordo_overlap_window", "lordo_overlap_fragments"]
+)
 def test_the_message_in_flight_is_split_over_the_group_like_the_parameters(method):
   """Each device holds 1/F of the frozen message and of its means (their columns split
   over ``fsdp``), so overlap keeps FSDP's memory saving."""
@@ -347,7 +354,12 @@ WORKER_GROUPS = "{{0,2,4,6},{1,3,5,7}}"  # the worker axis of a (4, 2) mesh of d
 @pytest.mark.parametrize("axis_type", [AxisType.Explicit, AxisType.Auto], ids=["explicit", "auto"])
 @pytest.mark.parametrize(
   "method, phase",
-  [("diloco_overlap_round", None), ("lordo_overlap_round_random", None), ("lordo_window", "send")],
+  [
+    ("diloco_overlap_round", None),
+    ("lordo_overlap_round_random", None),
+    ("lordo_window", "send"),
+    ("lordo_window_fragments", "send"),
+  ],
 )
 def test_on_four_workers_times_fsdp_the_chunk_can_overlap_the_step(method, phase, axis_type):
   """The compiled step of 4 workers x 2-way FSDP: every collective over the workers is
@@ -361,8 +373,11 @@ def test_on_four_workers_times_fsdp_the_chunk_can_overlap_the_step(method, phase
     "lordo_window": functools.partial(
       lordo_jax.lordo, 1e-2, rank=2, sync_every=3, init_projection="random"
     ),
+    "lordo_window_fragments": functools.partial(
+      lordo_jax.lordo, 1e-2, rank=2, sync_every=6, fragments=2, init_projection="random"
+    ),
   }[method]
-  overlap = 2 if method == "lordo_window" else "round"
+  overlap = {"lordo_window": 2, "lordo_window_fragments": 2}.get(method, "round")
   mesh = jax.make_mesh((4, 2), (AXIS, "fsdp"), axis_types=(axis_type,) * 2)
   text, computed = compiled_step(
     build(axis_name=AXIS, overlap=overlap), mesh, FSDP_SPECS, phase=phase

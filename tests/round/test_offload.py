@@ -38,6 +38,10 @@ METHODS = {
   "lordo_overlap_window": lambda **kw: lordo_jax.lordo(
     1e-2, rank=2, sync_every=2, overlap=1, merge="streaming", merge_alpha=0.5, **kw
   ),
+  # Two fragments frozen at steps 2 and 4, each landing a step later.
+  "local_adam_overlap_fragments": lambda **kw: lordo_jax.local_adam(
+    1e-2, sync_every=4, overlap=1, fragments=2, **kw
+  ),
 }
 # Every other method with an anchor: the option reaches its synchronize.
 OTHERS = {

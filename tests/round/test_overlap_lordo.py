@@ -1,6 +1,8 @@
 """LoRDO with a message in flight against its float64 reference
 (``tests/lordo_overlap_reference.py``): on 4 workers, every merge, the bases refreshed
-from the landed mean and the corrected moments carried into them (MATH.md §9)."""
+from the landed mean and the corrected moments carried into them (MATH.md §9); and with
+the leaves in fragments that freeze at staggered steps and land tau steps later, each
+on its own leaves (Streaming DiLoCo)."""
 
 import functools
 
@@ -13,8 +15,45 @@ import pytest
 import lordo_jax
 
 WORKERS, STEPS, K, LR, RANK, RTOL = 4, 12, 3, 0.02, 2, 1e-4
+FRAGMENT_STEPS = 16  # every fragment lands at least twice in the cases below
 MOVING_TARGET = {"switch_at": 5, "spectrum": (2.0, 1.0, 0.5, 0.25)}
 MOVING_TARGET["spectrum_after"] = (6.0, 3.0, 1.5, 0.5)
+
+
+def _run_reference(cfg, overlap, steps, labels=None):
+  """The data, the initial params, and the reference's workers and trajectory on them."""
+  p, q = (12, 8)
+  data = ref.make_regression(p, q, WORKERS, steps, seed=8, basis="random", **MOVING_TARGET)
+  params = ref.initial_params(p, q, 8)
+  build = functools.partial(overlap_ref.InFlight, overlap=overlap, fragments=labels)
+  reference, trajectory = ref.run(cfg, params, data["x"], data["y"], build)
+  return data, params, reference, trajectory
+
+
+def _assert_matches(tx, params, data, trajectory):
+  """Step t of ``tx`` on the workers against the reference: the basis of w within RTOL,
+  every worker's params within RTOL of how far the leaf moves over the run."""
+  workers = multiworker.Workers(tx, params, WORKERS)
+  moved = {  # how far each leaf moves over the run: the scale of the errors
+    leaf: max(
+      np.max(np.abs(w["params"][m][leaf] - params[leaf]))
+      for w in trajectory
+      for m in range(WORKERS)
+    )
+    for leaf in ("w", "b")
+  }
+  for t, want in enumerate(trajectory, start=1):
+    workers.step(data["x"][t - 1], data["y"][t - 1])
+    np.testing.assert_allclose(
+      np.asarray(lordo_jax.projections(workers.worker_state(0))["w"], np.float64),
+      want["bases"]["w"],
+      atol=RTOL,
+      err_msg=f"projection of w after step {t}",
+    )
+    for m, got in enumerate(workers.worker_params()):
+      for leaf in ("w", "b"):
+        err = np.max(np.abs(got[leaf] - want["params"][m][leaf])) / moved[leaf]
+        assert err < RTOL, f"step {t}, worker {m}, leaf {leaf}: rel err {err:.2e}"
 
 
 @pytest.mark.parametrize(
@@ -29,16 +68,9 @@ MOVING_TARGET["spectrum_after"] = (6.0, 3.0, 1.5, 0.5)
   ],
 )
 def test_lordo_in_flight_matches_the_reference(tau, merge, alpha, options):
-  p, q = (12, 8)
-  data = ref.make_regression(p, q, WORKERS, STEPS, seed=8, basis="random", **MOVING_TARGET)
-  params, x, y = ref.initial_params(p, q, 8), data["x"], data["y"]
   cfg = ref.Config(learning_rate=LR, rank=RANK, sync_every=K, **options)
-  reference, trajectory = ref.run(
-    cfg,
-    params,
-    x,
-    y,
-    functools.partial(overlap_ref.InFlight, overlap=overlap_ref.Overlap(tau, merge, alpha)),
+  data, params, reference, trajectory = _run_reference(
+    cfg, overlap_ref.Overlap(tau, merge, alpha), STEPS
   )
   refreshes = [d for d in reference.diagnostics if d["t"] > 1]
   assert len(refreshes) >= 2  # bases did move at landings: the comparison below could fail
@@ -52,24 +84,41 @@ def test_lordo_in_flight_matches_the_reference(tau, merge, alpha, options):
     merge_alpha=alpha,
     **options,
   )
-  workers = multiworker.Workers(tx, params, WORKERS)
-  moved = {  # how far each leaf moves over the run: the scale of the errors
-    leaf: max(
-      np.max(np.abs(w["params"][m][leaf] - params[leaf]))
-      for w in trajectory
-      for m in range(WORKERS)
-    )
-    for leaf in ("w", "b")
-  }
-  for t, want in enumerate(trajectory, start=1):
-    workers.step(x[t - 1], y[t - 1])
-    np.testing.assert_allclose(
-      np.asarray(lordo_jax.projections(workers.worker_state(0))["w"], np.float64),
-      want["bases"]["w"],
-      atol=RTOL,
-      err_msg=f"projection of w after step {t}",
-    )
-    for m, got in enumerate(workers.worker_params()):
-      for leaf in ("w", "b"):
-        err = np.max(np.abs(got[leaf] - want["params"][m][leaf])) / moved[leaf]
-        assert err < RTOL, f"step {t}, worker {m}, leaf {leaf}: rel err {err:.2e}"
+  _assert_matches(tx, params, data, trajectory)
+
+
+@pytest.mark.parametrize(
+  "tau, merge, alpha, sync_every, labels, options",
+  [
+    (1, "rebase", 0.0, 4, {"w": 0, "b": 1}, {}),
+    (2, "streaming", 0.5, 6, {"w": 0, "b": 1}, {"error_feedback": True}),
+    (1, "rebase", 0.0, 6, {"w": 1, "b": 0}, {}),
+    (2, "rebase", 0.0, 6, {"w": 1, "b": 0}, {"error_feedback": True, "side": "right"}),
+    (1, "streaming", 0.0, 4, {"w": 0, "b": 1}, {"full_rank_scale": "vector"}),
+  ],
+)
+def test_lordo_fragments_in_flight_match_the_reference(
+  tau, merge, alpha, sync_every, labels, options
+):
+  """Fragment f freezes at t % K == ((f + 1) K // F) % K and lands tau steps later,
+  on its leaves only: its anchor, params, moments and (for w) basis."""
+  cfg = ref.Config(learning_rate=LR, rank=RANK, sync_every=sync_every, **options)
+  data, params, reference, trajectory = _run_reference(
+    cfg, overlap_ref.Overlap(tau, merge, alpha), FRAGMENT_STEPS, labels
+  )
+  for f in set(labels.values()):  # every fragment landed at least twice
+    assert sum(g == f for _, g in reference.landings) >= 2, reference.landings
+  refreshes = {d["t"] for d in reference.diagnostics if d["t"] > 1}
+  assert refreshes == {t for t, f in reference.landings if f == labels["w"]}
+  tx = lordo_jax.lordo(
+    LR,
+    rank=RANK,
+    sync_every=sync_every,
+    axis_name="workers",
+    overlap=tau,
+    merge=merge,
+    merge_alpha=alpha,
+    fragments=lambda params: {leaf: labels[leaf] for leaf in params},
+    **options,
+  )
+  _assert_matches(tx, params, data, trajectory)

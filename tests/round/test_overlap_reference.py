@@ -103,3 +103,30 @@ def test_a_whole_round_in_flight_lands_one_round_late(merge):
   else:  # each worker's own pseudo-gradient, 1/M of it, lands at once
     for m in range(M):
       np.testing.assert_allclose(first[m], PARAMS0 - K * lr * FIXED[m] / M, atol=1e-12)
+
+
+FRAGMENT_K = 6  # two fragments frozen at t = 3 and 0 (mod 6): tau up to 2
+FRAGMENT_OF = np.repeat([[0], [1], [1]], 2, axis=1)  # row 0 one fragment, rows 1-2 the other
+
+
+@pytest.mark.parametrize("tau", [1, 2])
+def test_with_fragments_each_fragment_rebases_onto_the_plain_streaming_round(tau):
+  """Fragment f, frozen at t_f, holds the tau = 0 streaming values from its landing
+  t_f + tau until its next freeze, with SGD and fixed gradients; the other fragment's
+  elements are not touched by its landing."""
+  setup = dict(workers=M, sync_every=FRAGMENT_K, fragment_of=FRAGMENT_OF)
+  plain = ref.run(ref.Setup(**setup), PARAMS0, fixed, 3 * FRAGMENT_K)
+  late = ref.run(ref.Setup(**setup, tau=tau), PARAMS0, fixed, 3 * FRAGMENT_K)
+  compared = 0
+  for f, offset in enumerate([FRAGMENT_K // 2, 0]):
+    mask = FRAGMENT_OF == f
+    for frozen_at in range(offset or FRAGMENT_K, 2 * FRAGMENT_K + 1, FRAGMENT_K):
+      for t in range(frozen_at + tau, frozen_at + FRAGMENT_K):
+        want = _params(plain, t)[:, mask]
+        np.testing.assert_allclose(_params(late, t)[:, mask], want, rtol=0, atol=1e-12)
+        compared += 1
+      other = (
+        _params(late, frozen_at + tau)[:, ~mask] - _params(late, frozen_at + tau - 1)[:, ~mask]
+      )
+      np.testing.assert_allclose(other, -0.05 * np.array(FIXED)[:, ~mask], atol=1e-12)
+  assert compared == 2 * 2 * (FRAGMENT_K - tau)

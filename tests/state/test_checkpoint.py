@@ -77,6 +77,18 @@ OPTIMIZERS = {
     merge_alpha=0.5,
     offload=True,
   ),
+  # Streaming with a window: fragments frozen at steps 3 and 6 (K = 6), each sending 2
+  # chunks; at step 4 the first is in flight with 1 of its 2 chunks sent.
+  "lordo_overlap_fragments_int8_offload": lambda: lordo_jax.lordo(
+    3e-2,
+    rank=3,
+    sync_every=6,
+    axis_name=workers.AXIS,
+    overlap=2,
+    fragments=2,
+    compression="int8",
+    offload=True,
+  ),
   "lordo_beyond": lambda: lordo_jax.lordo(
     3e-2,
     rank=3,
@@ -126,7 +138,13 @@ def assert_trees_equal(actual, expected):
 
 @pytest.fixture(
   scope="module",
-  params=["lordo", "diloco", "lordo_overlap_round_int8", "diloco_overlap_window_offload"],
+  params=[
+    "lordo",
+    "diloco",
+    "lordo_overlap_round_int8",
+    "diloco_overlap_window_offload",
+    "lordo_overlap_fragments_int8_offload",
+  ],
 )
 def straight(request, tmp_path_factory):
   """N steps without a stop, checkpointing (asynchronously) after each k in RESUME_AFTER."""
