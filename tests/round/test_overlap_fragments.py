@@ -185,6 +185,21 @@ def test_the_static_phase_gives_the_traced_paths_numbers_and_bytes(tau):
   assert workers.ledger_numbers(static_state.ledger) == workers.ledger_numbers(traced_state.ledger)
 
 
+def test_a_phase_computed_without_the_fragments_is_never_a_wrong_number():
+  """The phase of one fragment (``fragments`` left out) marks only the last fragment's
+  sends: the others' chunks go back inside a conditional, with the same numbers and
+  bytes as the traced path."""
+  tau = 1
+  marked = [s + 1 for s in range(STEPS) if _phase(tau, 1)(s) == "send"]
+  sends = [s + 1 for s in range(STEPS) if _phase(tau, 2)(s) == "send"]
+  assert set(marked) < set(sends)
+  tx = lordo_jax.diloco(LR, sync_every=K, axis_name=workers.AXIS, overlap=tau, fragments=2)
+  traced, traced_state = library_run(tx)
+  wrong, wrong_state = library_run(tx, _phase(tau, 1))
+  np.testing.assert_array_equal(np.stack(wrong), np.stack(traced))
+  assert workers.ledger_numbers(wrong_state.ledger) == workers.ledger_numbers(traced_state.ledger)
+
+
 def test_the_phase_of_every_step_with_fragments():
   """Two fragments of a 6-step round, frozen at t = 3 and 6 (1-based): each sends its
   tau chunks in the steps after its freeze, the first from step 4."""
