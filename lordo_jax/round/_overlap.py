@@ -350,6 +350,7 @@ def overlap_phase(step: int, *, sync_every: int, overlap: Any, fragments: int = 
   if not overlap:
     return "local"
   checks.positive_int("overlap_phase", "fragments", fragments)
+  check_spacing("overlap_phase", sync_every, fragments, overlap)
   senders, indices = window_positions(sync_every, fragments, overlap)
   t = step + 1  # the update's count, 1-based
   frozen_at = t - indices[t % sync_every] - 1

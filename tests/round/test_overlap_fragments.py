@@ -313,6 +313,11 @@ def test_a_window_longer_than_the_fragments_spacing_is_refused(build, refused):
     lordo_jax.diloco(LR, **build)
 
 
+def test_a_phase_asked_for_a_window_longer_than_the_spacing_is_refused():
+  with pytest.raises(ValueError, match="overlap_phase: overlap=2 with fragments=3"):
+    lordo_jax.overlap_phase(0, sync_every=6, overlap=2, fragments=3)
+
+
 def test_fragments_of_a_function_are_checked_against_the_window_at_init():
   tx = lordo_jax.diloco(LR, sync_every=6, overlap=2, fragments=lambda p: {"a": 0, "b": 1, "c": 2})
   with pytest.raises(ValueError, match="a fragment syncs every 2 steps"):
