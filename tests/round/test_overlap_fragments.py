@@ -217,6 +217,9 @@ def test_each_chunk_is_the_widest_fragments_width_and_the_ledger_counts_it():
   widest = max(12, 6)  # fragment_labels(…, 2): leaves a, b (12 values) and c (6)
   assert calls == len(sends) == 12 and elements == calls * -(-widest // tau)
   assert nbytes == 4 * elements
+  # The message in flight and its means hold the widest fragment, not the model (18).
+  for buffer in state.in_flight[:2]:
+    assert buffer.shape[1:] == (tau, -(-widest // tau))
 
 
 @pytest.mark.parametrize("codec", ["int8", "bfloat16"])
