@@ -9,10 +9,17 @@ With fragments (Streaming DiLoCo, ``overlap=tau`` only) the leaves are labelled
 f in [0, F); fragment f freezes at the end of the steps t with t % K == o_f,
 o_f = ((f + 1) K // F) % K, and lands tau steps later, on its own leaves only. Without
 labels every leaf is in fragment 0, F = 1, o_0 = 0: the freeze at every round boundary.
+
+With ``compression`` ("int8" or "bfloat16") the message is sent in compressed chunks
+(``chunk_codec_reference``; MATH.md §9, "Chunks and codecs") of two parts: the
+pseudo-gradient, its leaves raveled in name order; and the moments, the first moments
+then the second, each of the full-rank leaves then of the low-rank ones (their r x q
+or p x r coordinates), in name order: the order of the local optimizer's state.
 """
 
 import dataclasses
 
+import chunk_codec_reference as codec_ref
 import lordo_reference as ref
 import numpy as np
 
@@ -33,12 +40,24 @@ class InFlight(ref.Reference):
   """M LoRDO workers whose round's message lands ``overlap.tau`` steps (or a round) late.
 
   ``fragments``: {leaf name: f} (tau an int only), or None (one fragment). ``landings``
-  lists the (t, f) of every landing of a window.
+  lists the (t, f) of every landing of a window. ``compression``: the chunks' codec
+  (None: plain means); ``residuals[m]`` is then worker m's error feedback, row
+  f * chunks + j that of chunk j of fragment f.
   """
 
-  def __init__(self, cfg: ref.Config, params, num_workers: int, overlap: Overlap, fragments=None):
+  def __init__(
+    self,
+    cfg: ref.Config,
+    params,
+    num_workers: int,
+    overlap: Overlap,
+    fragments=None,
+    compression: str | None = None,
+  ):
     super().__init__(cfg, params, num_workers)
     self.overlap = overlap
+    self.compression = compression
+    self.residuals: list | None = None  # with compression, from the first landing on
     self.anchors = [dict(self.anchor) for _ in range(num_workers)]  # per worker (eager)
     self.frozen: list | None = None  # "round": per worker (D_m, {leaf: (u_m, v_m)})
     labels = fragments or dict.fromkeys(self.anchor, 0)
@@ -71,13 +90,80 @@ class InFlight(ref.Reference):
       for m in range(self.num_workers)
     ]
 
-  def _correct(self, frozen, steps, names=None):
-    """u_m += b1^steps (Ubar - U_m), v_m += b2^steps (Vbar - V_m) (§9, step 3)."""
+  def _first_mean(self, arrays):
+    """With ``compression`` the first gradient is sent in its codec, leaf by leaf and
+    without feedback (MATH.md §4.2)."""
+    if self.compression is None:
+      return self._mean(arrays)
+    return codec_ref.leaf_mean(np.stack(arrays), self.compression)
+
+  def _landed_means(self, frozen, names, fragment=0):
+    """The workers' means of the messages ``frozen`` on ``names``: ``(Dbar, moments)``,
+    ``Dbar[name]`` and ``moments[name] = (Ubar, Vbar)``; sent in chunks with
+    ``compression``, plain means without."""
+    if self.compression is None:
+      deltas = {k: self._mean([fr[0][k] for fr in frozen]) for k in names}
+      moments = {
+        k: tuple(self._mean([fr[1][k][i] for fr in frozen]) for i in (0, 1)) for k in names
+      }
+      return deltas, moments
+    return self._chunked_means(frozen, names, fragment)
+
+  def _parts(self, names):
+    """The leaves of a message's two parts: the pseudo-gradient's, and the moments'
+    (full-rank leaves, then low-rank ones), each in name order."""
+    ordered = sorted(names)
+    moments = [n for n in ordered if n not in self.sides] + [n for n in ordered if n in self.sides]
+    return ordered, moments
+
+  def _chunked_means(self, frozen, names, fragment):
+    chunks = self.cfg.sync_every if self.overlap.tau == "round" else self.overlap.tau
+    shapes = {k: v[0].shape for k, v in self._moments(0).items()}  # name: (u or m).shape
+
+    def sizes(leaves):
+      d, mo = self._parts(leaves)
+      return (
+        sum(self.anchor[k].size for k in d),
+        2 * sum(int(np.prod(shapes[k])) for k in mo),
+      )
+
+    each = [sizes(leaves) for leaves in self.fragments]
+    widths = [max(codec_ref.columns(n[i], chunks) for n in each) for i in (0, 1)]
+    if self.residuals is None:
+      rows = len(self.fragments) * chunks
+      self.residuals = [np.zeros((rows, widths[0])) for _ in range(self.num_workers)]
+    d_names, m_names = self._parts(names)
+    messages = [
+      [
+        np.concatenate([d[k].ravel() for k in d_names]),
+        np.concatenate([mo[k][i].ravel() for i in (0, 1) for k in m_names]),
+      ]
+      for d, mo in frozen
+    ]
+    codecs = (self.compression, codec_ref.MOMENT_CODEC)
+    (d_mean, m_mean), self.residuals = codec_ref.chunked_means(
+      messages, chunks, widths, codecs, self.residuals, fragment * chunks
+    )
+    deltas, at = {}, 0
+    for k in d_names:
+      deltas[k] = d_mean[at : at + self.anchor[k].size].reshape(self.anchor[k].shape)
+      at += self.anchor[k].size
+    moments, at = {k: [None, None] for k in m_names}, 0
+    for i in (0, 1):
+      for k in m_names:
+        n = int(np.prod(shapes[k]))
+        moments[k][i] = m_mean[at : at + n].reshape(shapes[k])
+        at += n
+    return deltas, moments
+
+  def _correct(self, frozen, means, steps, names=None):
+    """u_m += b1^steps (Ubar - U_m), v_m += b2^steps (Vbar - V_m) (§9, step 3), with
+    ``means[name] = (Ubar, Vbar)``."""
     decays = (self.cfg.b1**steps, self.cfg.b2**steps)
     for name in self.anchor if names is None else names:
       fields = ("u", "v") if name in self.sides else ("m", "v")
       for i, field in enumerate(fields):
-        mean = self._mean([f[1][name][i] for f in frozen])
+        mean = means[name][i]
         for m, f in enumerate(frozen):
           st = self.states[m][name]
           setattr(st, field, getattr(st, field) + decays[i] * (mean - f[1][name][i]))
@@ -115,7 +201,7 @@ class InFlight(ref.Reference):
     the moment correction, and the refresh of f's low-rank leaves from Dbar."""
     names, frozen = self.fragments[f], self.in_flight.pop(f)
     self.landings.append((self.t, f))
-    deltas = {k: self._mean([fr[0][k] for fr in frozen]) for k in names}
+    deltas, moments = self._landed_means(frozen, names, f)
     for m, (d_m, _) in enumerate(frozen):
       for k in names:
         a_old = self.anchors[m][k]
@@ -126,7 +212,7 @@ class InFlight(ref.Reference):
           alpha = self.overlap.merge_alpha
           self.params[m][k] = alpha * self.params[m][k] + (1 - alpha) * new
         self.anchors[m][k] = new
-    self._correct(frozen, self.overlap.tau, names)
+    self._correct(frozen, moments, self.overlap.tau, names)
     self._refresh_all(deltas, names)
 
   def _land_round(self):
@@ -136,7 +222,7 @@ class InFlight(ref.Reference):
       ({k: np.zeros_like(v) for k, v in d.items()}, {n: (0 * a, 0 * b) for n, (a, b) in mo.items()})
       for d, mo in fresh
     ]
-    deltas = {k: self._mean([p[0][k] for p in previous]) for k in self.anchor}
+    deltas, moments = self._landed_means(previous, list(self.anchor))
     for m in range(self.num_workers):
       for k in self.anchor:
         step = deltas[k]
@@ -145,6 +231,6 @@ class InFlight(ref.Reference):
         self.anchors[m][k] = self.anchors[m][k] - step
         self.params[m][k] = self.anchors[m][k].copy()
     if landed:
-      self._correct(previous, self.cfg.sync_every)
+      self._correct(previous, moments, self.cfg.sync_every)
       self._refresh_all(deltas)
     self.frozen = [(d, self._moments(m)) for m, (d, _) in enumerate(fresh)]

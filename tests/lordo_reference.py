@@ -363,6 +363,10 @@ class Reference:
   def _mean(self, arrays: list[np.ndarray]) -> np.ndarray:
     return np.mean(np.stack(arrays), axis=0)
 
+  def _first_mean(self, arrays: list[np.ndarray]) -> np.ndarray:
+    """The workers' mean of a leaf's first gradient (a variant may send it compressed)."""
+    return self._mean(arrays)
+
   def step(self, grads: list[Params]) -> list[Params]:
     """One step t on every worker: init projection, local step, maybe a sync."""
     cfg = self.cfg
@@ -370,7 +374,7 @@ class Reference:
     t = self.t
     if t == 1:  # MATH.md §4 initial projection from the averaged first gradient.
       for name in self.sides:
-        self.bases[name] = self._refresh(name, self._mean([g[name] for g in grads]), None)
+        self.bases[name] = self._refresh(name, self._first_mean([g[name] for g in grads]), None)
     for m in range(self.num_workers):  # MATH.md §3, local step.
       new = {}
       for name, w in self.params[m].items():

@@ -15,7 +15,7 @@ library sends them (MATH.md §9, "Chunks and codecs"). A message is cut into
 pseudo-gradient D_m, raveled, zero-padded to a multiple of ``chunks`` and cut into
 ``chunks`` contiguous rows; then (Adam inside: the moments are averaged) mu and nu
 raveled one after the other and cut the same way. Each part's slice of chunk j is a
-1-D piece of n values sent as a compressed mean (:func:`_compressed_mean`): the
+1-D piece of n values sent as a compressed mean (``chunk_codec_reference``): the
 piece (plus, for D_m, the residual of chunk j) as M rows of ceil(n / M) values, each
 worker's rows encoded, row r averaged by worker r and encoded again. D_m's codec is
 ``compression`` with error feedback; the moments' is bfloat16 without it. Elements go
@@ -30,6 +30,7 @@ fragment's message at a time is in flight.
 
 import dataclasses
 
+import chunk_codec_reference as codec_ref
 import numpy as np
 
 
@@ -146,54 +147,34 @@ def _means(s: Setup, ws: list[Worker], messages: list[tuple], mask=True) -> tupl
   return _chunked_means(s, ws, messages, np.broadcast_to(mask, ws[0].params.shape))
 
 
-MOMENT_CODEC = "bfloat16"  # the moments' codec for both compressions (MOMENT_CODECS)
-
-
 def _chunked_means(s: Setup, ws: list[Worker], messages: list[tuple], mask) -> tuple:
-  """The decoded means of a compressed message, chunk by chunk.
+  """The decoded means of a compressed message (:func:`codec_ref.chunked_means`).
 
-  With c = max(1, ceil(n / chunks)) the columns of a part of n values (n = n_f for D,
-  2 n_f for the moments mu, nu of fragment f's n_f elements), chunk j of worker m is
-  row j of the ``chunks x c`` block of its raveled, zero-padded part, zero columns
-  up to the widest fragment's c. Dbar[C_j] is the compressed mean of the D_m[C_j] with
-  worker m's residual row f * chunks + j fed in, which the send replaces; the
-  moments' rows are sent in bfloat16 without feedback. A residual row is read and
-  written only by chunk j of fragment f, so sending every chunk of a message at its
-  landing gives the values of sending them one a step. Dbar, Ubar, Vbar are zero
+  The parts of worker m's message are D_m on the elements in ``mask`` and (Adam inside)
+  mu then nu there, each part as wide as its widest fragment's; worker m's residual
+  rows f * chunks + j follow D's chunk j of fragment f. Dbar, Ubar, Vbar are zero
   outside ``mask``; with SGD inside no moment is sent and Ubar, Vbar (unused) are the
   plain means.
   """
   labels = np.zeros(mask.shape, int) if s.fragment_of is None else s.fragment_of
   chunks = s.sync_every if s.tau == s.sync_every else s.tau
   sizes = [int(np.count_nonzero(labels == f)) for f in range(int(labels.max()) + 1)]
-  columns = lambda n: max(1, -(-n // chunks))  # noqa: E731
-  first = ws[0].fragment * chunks  # the fragment's first residual row
   parts = [[msg[0][mask]] for msg in messages]
-  widths = [max(columns(n) for n in sizes)]
+  widths = [max(codec_ref.columns(n, chunks) for n in sizes)]
+  codecs = [s.compression]
   if s.inner == "adam":  # mu then nu, one part
-    parts = [
-      p + [np.concatenate([msg[1][mask], msg[2][mask]])]
-      for p, msg in zip(parts, messages, strict=True)
-    ]
-    widths.append(max(columns(2 * n) for n in sizes))
+    for p, msg in zip(parts, messages, strict=True):
+      p.append(np.concatenate([msg[1][mask], msg[2][mask]]))
+    widths.append(max(codec_ref.columns(2 * n, chunks) for n in sizes))
+    codecs.append(codec_ref.MOMENT_CODEC)
   for w in ws:
     if w.residual is None:
       w.residual = np.zeros((len(sizes) * chunks, widths[0]))
-  means = []
-  for i, width in enumerate(widths):
-    blocks = np.array([_block(p[i], chunks, width) for p in parts])  # worker, chunk, column
-    mean = np.zeros((chunks, width))
-    for j in range(chunks):
-      if i == 0:
-        residuals = np.array([w.residual[first + j] for w in ws])
-        mean[j], fed = _compressed_mean(blocks[:, j], residuals, s.compression)
-        for w, e in zip(ws, fed, strict=True):
-          w.residual = w.residual.copy()  # the history keeps the old one
-          w.residual[first + j] = e
-      else:
-        mean[j], _ = _compressed_mean(blocks[:, j], None, MOMENT_CODEC)
-    n = parts[0][i].size
-    means.append(mean[:, : columns(n)].reshape(-1)[:n])
+  means, residuals = codec_ref.chunked_means(
+    parts, chunks, widths, codecs, [w.residual for w in ws], ws[0].fragment * chunks
+  )
+  for w, r in zip(ws, residuals, strict=True):
+    w.residual = r  # a new array: the history keeps the old one
   deltas = np.zeros(mask.shape)
   deltas[mask] = means[0]
   if s.inner != "adam":
@@ -201,59 +182,6 @@ def _chunked_means(s: Setup, ws: list[Worker], messages: list[tuple], mask) -> t
   us, vs = np.zeros(mask.shape), np.zeros(mask.shape)
   us[mask], vs[mask] = np.split(means[1], 2)
   return deltas, us, vs
-
-
-def _block(x: np.ndarray, chunks: int, width: int) -> np.ndarray:
-  """``x`` (1-D, n values) zero-padded to ``chunks x c``, c = max(1, ceil(n / chunks)),
-  cut into rows, and zero columns up to ``width``."""
-  c = max(1, -(-x.size // chunks))
-  rows = np.pad(x, (0, chunks * c - x.size)).reshape(chunks, c)
-  return np.pad(rows, ((0, 0), (0, width - c)))
-
-
-def _compressed_mean(pieces: np.ndarray, residuals, codec: str) -> tuple:
-  r"""The mean of the workers' ``pieces`` (M x n) sent with ``codec``, and with
-  ``residuals`` (M x n, or None: no feedback) the new residuals.
-
-  Worker m sends y_m = x_m + e_m as M rows of w = ceil(n / M) values (zero-padded),
-  Y_m; worker r averages the decoded rows r, S_r = mean_m dec(enc(Y_m[r])), and every
-  worker decodes S'_r = dec(enc(S_r)): the mean is the rows S' raveled, its first n.
-  The new residual is e'_m = Y_m - dec(enc(Y_m)) + M [r = m] (S_r - S'_r), so that
-  nothing is lost over the sends. The codec and the mean act on float32 values.
-  """
-  m, n = pieces.shape
-  width = max(1, -(-n // m))
-  target = pieces if residuals is None else pieces + residuals
-  rows = np.zeros((m, m * width), np.float32)
-  rows[:, :n] = target
-  rows = rows.reshape(m, m, width)  # worker, row, column
-  sent = _decoded(rows, codec)
-  shard = np.mean(sent.astype(np.float64), axis=0).astype(np.float32)  # row r: worker r's
-  mean = _decoded(shard, codec)
-  error = rows - sent.astype(np.float64)
-  error = error + m * np.eye(m)[:, :, None] * (shard - mean.astype(np.float64))[None]
-  new = None if residuals is None else error.reshape(m, -1)[:, :n]
-  return mean.reshape(-1)[:n].astype(np.float64), new
-
-
-def _decoded(rows: np.ndarray, codec: str) -> np.ndarray:
-  r"""dec(enc(rows)) in float32, per row (last axis).
-
-  int8: s = max_j |x_j| / 127, q_j = clip(round(x_j / s), -127, 127) with ties to
-  even (s = 0: x / 1), decoded q_j s. bfloat16: each value rounded to the nearest
-  bfloat16, ties to even, on its float32 bits (the low 16 bits dropped after adding
-  0x7FFF plus the lowest kept bit).
-  """
-  rows = np.ascontiguousarray(rows, np.float32)
-  if codec == "bfloat16":
-    bits = rows.view(np.uint32)
-    bits = (bits + np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1))) & np.uint32(0xFFFF0000)
-    return bits.view(np.float32)
-  if codec != "int8":
-    raise ValueError(f"compression={codec!r}")
-  scales = np.max(np.abs(rows), axis=-1, keepdims=True) / np.float32(127)
-  safe = np.where(scales > 0, scales, np.float32(1))
-  return np.clip(np.round(rows / safe), -127, 127) * scales
 
 
 def run(s: Setup, params0: np.ndarray, grads, steps: int) -> list[list[Worker]]:

@@ -12,6 +12,7 @@ beyond the tolerance, from the uncompressed one.
 import dataclasses
 import functools
 
+import chunk_codec_reference as codec_ref
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -174,7 +175,7 @@ def test_the_reference_codec_is_the_librarys_on_one_piece(codec):
   mean, fed = workers.on_workers(functools.partial(_piece_mean, codec), M)(
     jnp.asarray(pieces), jnp.asarray(residuals)
   )
-  want, want_fed = ref._compressed_mean(pieces.astype(np.float64), residuals, codec)
+  want, want_fed = codec_ref.compressed_mean(pieces.astype(np.float64), residuals, codec)
   for m in range(M):
     np.testing.assert_allclose(mean[m], want, rtol=0, atol=1e-7)
     # The shard's float32 mean may be summed in another order: an ulp of 32 apart.

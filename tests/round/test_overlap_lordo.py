@@ -20,21 +20,21 @@ MOVING_TARGET = {"switch_at": 5, "spectrum": (2.0, 1.0, 0.5, 0.25)}
 MOVING_TARGET["spectrum_after"] = (6.0, 3.0, 1.5, 0.5)
 
 
-def _run_reference(cfg, overlap, steps, labels=None):
+def _run_reference(cfg, overlap, steps, labels=None, compression=None, seed=8):
   """The data, the initial params, and the reference's workers and trajectory on them."""
   p, q = (12, 8)
-  data = ref.make_regression(p, q, WORKERS, steps, seed=8, basis="random", **MOVING_TARGET)
+  data = ref.make_regression(p, q, WORKERS, steps, seed=seed, basis="random", **MOVING_TARGET)
   params = ref.initial_params(p, q, 8)
-  build = functools.partial(overlap_ref.InFlight, overlap=overlap, fragments=labels)
+  build = functools.partial(
+    overlap_ref.InFlight, overlap=overlap, fragments=labels, compression=compression
+  )
   reference, trajectory = ref.run(cfg, params, data["x"], data["y"], build)
   return data, params, reference, trajectory
 
 
-def _assert_matches(tx, params, data, trajectory):
-  """Step t of ``tx`` on the workers against the reference: the basis of w within RTOL,
-  every worker's params within RTOL of how far the leaf moves over the run."""
-  workers = multiworker.Workers(tx, params, WORKERS)
-  moved = {  # how far each leaf moves over the run: the scale of the errors
+def _moved(params, trajectory) -> dict:
+  """How far each leaf moves over the run: the scale of the errors."""
+  return {
     leaf: max(
       np.max(np.abs(w["params"][m][leaf] - params[leaf]))
       for w in trajectory
@@ -42,6 +42,13 @@ def _assert_matches(tx, params, data, trajectory):
     )
     for leaf in ("w", "b")
   }
+
+
+def _assert_matches(tx, params, data, trajectory):
+  """Step t of ``tx`` on the workers against the reference: the basis of w within RTOL,
+  every worker's params within RTOL of how far the leaf moves over the run."""
+  workers = multiworker.Workers(tx, params, WORKERS)
+  moved = _moved(params, trajectory)
   for t, want in enumerate(trajectory, start=1):
     workers.step(data["x"][t - 1], data["y"][t - 1])
     np.testing.assert_allclose(
@@ -54,6 +61,7 @@ def _assert_matches(tx, params, data, trajectory):
       for leaf in ("w", "b"):
         err = np.max(np.abs(got[leaf] - want["params"][m][leaf])) / moved[leaf]
         assert err < RTOL, f"step {t}, worker {m}, leaf {leaf}: rel err {err:.2e}"
+  return workers
 
 
 @pytest.mark.parametrize(
@@ -122,3 +130,52 @@ def test_lordo_fragments_in_flight_match_the_reference(
     **options,
   )
   _assert_matches(tx, params, data, trajectory)
+
+
+@pytest.mark.parametrize(
+  "tau, merge, compression, labels, seed",
+  [
+    ("round", "eager", "int8", None, 8),
+    ("round", "delayed", "bfloat16", None, 8),
+    (2, "rebase", "int8", None, 8),
+    (1, "streaming", "int8", {"w": 0, "b": 1}, 8),
+  ],
+)
+def test_lordo_compressed_in_flight_matches_the_reference(tau, merge, compression, labels, seed):
+  """LoRDO's message sent in compressed chunks (the pseudo-gradient with its residual
+  per chunk, the low-rank and full-rank moments in bfloat16) against the reference's
+  chunks and codecs, the bases refreshed from the decoded mean; the residuals row by
+  row at the end; and the codec matters: the plain reference is far from it."""
+  sync_every = 4 if labels else K
+  steps = FRAGMENT_STEPS if labels else STEPS
+  cfg = ref.Config(learning_rate=LR, rank=RANK, sync_every=sync_every)
+  alpha = 0.5 if merge == "streaming" else 0.0
+  overlap = overlap_ref.Overlap(tau, merge, alpha)
+  data, params, reference, trajectory = _run_reference(
+    cfg, overlap, steps, labels, compression, seed
+  )
+  _, _, _, plain = _run_reference(cfg, overlap, steps, labels, None, seed)
+  moved = _moved(params, trajectory)
+  apart = max(
+    np.max(np.abs(a["params"][m][leaf] - b["params"][m][leaf])) / moved[leaf]
+    for a, b in zip(trajectory, plain, strict=True)
+    for m in range(WORKERS)
+    for leaf in ("w", "b")
+  )
+  assert apart > 10 * RTOL, apart  # the codec's model is what is tested
+  fragments = {"fragments": lambda p: {leaf: labels[leaf] for leaf in p}} if labels else {}
+  tx = lordo_jax.lordo(
+    LR,
+    rank=RANK,
+    sync_every=sync_every,
+    axis_name="workers",
+    overlap=tau,
+    merge=merge,
+    merge_alpha=alpha,
+    compression=compression,
+    **fragments,
+  )
+  workers = _assert_matches(tx, params, data, trajectory)
+  residual = np.asarray(workers.worker_state(0).in_flight.residual)
+  assert np.abs(reference.residuals[0]).max() > 1e-4  # the encodings lost something
+  np.testing.assert_allclose(residual, reference.residuals[0], rtol=0, atol=1e-5)
