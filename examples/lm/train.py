@@ -283,6 +283,25 @@ def make_optimizer(method: str, config: TrainConfig) -> optax.GradientTransforma
   return optax.chain(optax.clip_by_global_norm(config.clip_norm), tx)
 
 
+def step_phase(t: int, config: TrainConfig, overlap: Any, fragments: int) -> str | None:
+  """Step t's (1-based) ``overlap_phase`` with an int ``overlap``: its steps that send a
+  chunk are a program of their own. ``None`` otherwise (one program)."""
+  if not isinstance(overlap, int):
+    return None
+  return lordo_jax.overlap_phase(
+    t - 1, sync_every=config.sync_every, overlap=overlap, fragments=fragments
+  )
+
+
+def fragments_of(method: str, config: TrainConfig) -> int:
+  """The int ``fragments`` ``method`` is built with under ``config``: an ``--option``'s,
+  else its variant's; 1 for none, or for a function of the params (whose count the
+  host cannot see: its steps' phase then costs overlap, never a number)."""
+  options = {**optimizers.factory_of(method)[1], **dict(config.optimizer_options)}
+  fragments = options.get("fragments")
+  return fragments if isinstance(fragments, int) else 1
+
+
 def offload_methods() -> tuple[str, ...]:
   """The available methods that take ``offload`` (those with an anchor)."""
   return tuple(m for m in optimizers.available_methods() if _accepts(m, "offload"))
@@ -409,12 +428,10 @@ def train(
   layout = (jax.tree.map(lambda x: x.sharding, params), shardings, NamedSharding(mesh, P(AXIS)))
   steps = {}  # One program per phase of an int overlap (two); one otherwise.
 
-  overlap = overlap_of(method, config)
+  overlap, fragments = overlap_of(method, config), fragments_of(method, config)
 
   def step(t: int):
-    phase = None
-    if isinstance(overlap, int):  # Its steps that send a chunk are a program of their own.
-      phase = lordo_jax.overlap_phase(t - 1, sync_every=config.sync_every, overlap=overlap)
+    phase = step_phase(t, config, overlap, fragments)
     if phase not in steps:
       steps[phase] = make_step(apply, tx, mesh, state_spec, out_shardings=layout, phase=phase)
     return steps[phase]

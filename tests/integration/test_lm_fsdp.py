@@ -233,6 +233,19 @@ def test_a_message_in_flight_resumes_bit_identically_sharded_and_offloaded(datas
   assert straight.train_loss[-1] < straight.train_loss[0] - 0.3  # It trained.
 
 
+def test_the_phase_of_streamed_fragments_counts_them():
+  """With ``fragments`` among the options the steps' phase is computed for them: the
+  steps that send are the tau after each fragment's sync."""
+  streamed = dataclasses.replace(
+    CONFIG, sync_every=4, overlap=1, optimizer_options=(("fragments", 2),)
+  )
+  assert train.fragments_of("lordo", streamed) == 2
+  assert train.fragments_of("lordo", CONFIG) == 1
+  phases = [train.step_phase(t, streamed, 1, 2) for t in range(1, 9)]
+  # Fragment 0 syncs at t = 2 (mod 4), fragment 1 at t = 4: the steps after each send.
+  assert phases == ["local", "local", "send", "local", "send", "local", "send", "local"]
+
+
 def test_overlap_options_that_cannot_work_are_refused():
   with pytest.raises(ValueError, match=r"--overlap: ddp has no round to overlap"):
     train.make_optimizer("ddp", dataclasses.replace(CONFIG, offload=False, overlap="round"))
