@@ -20,16 +20,30 @@ MOVING_TARGET = {"switch_at": 5, "spectrum": (2.0, 1.0, 0.5, 0.25)}
 MOVING_TARGET["spectrum_after"] = (6.0, 3.0, 1.5, 0.5)
 
 
-def _run_reference(cfg, overlap, steps, labels=None, compression=None, seed=8):
+def _run_reference(cfg, overlap, steps, labels=None, compression=None):
   """The data, the initial params, and the reference's workers and trajectory on them."""
   p, q = (12, 8)
-  data = ref.make_regression(p, q, WORKERS, steps, seed=seed, basis="random", **MOVING_TARGET)
+  data = ref.make_regression(p, q, WORKERS, steps, seed=8, basis="random", **MOVING_TARGET)
   params = ref.initial_params(p, q, 8)
   build = functools.partial(
     overlap_ref.InFlight, overlap=overlap, fragments=labels, compression=compression
   )
   reference, trajectory = ref.run(cfg, params, data["x"], data["y"], build)
   return data, params, reference, trajectory
+
+
+def _lordo(sync_every, tau, merge, alpha, **options):
+  """``lordo_jax.lordo`` at the tests' rate and rank on the workers, with ``overlap=tau``."""
+  return lordo_jax.lordo(
+    LR,
+    rank=RANK,
+    sync_every=sync_every,
+    axis_name="workers",
+    overlap=tau,
+    merge=merge,
+    merge_alpha=alpha,
+    **options,
+  )
 
 
 def _moved(params, trajectory) -> dict:
@@ -82,17 +96,7 @@ def test_lordo_in_flight_matches_the_reference(tau, merge, alpha, options):
   )
   refreshes = [d for d in reference.diagnostics if d["t"] > 1]
   assert len(refreshes) >= 2  # bases did move at landings: the comparison below could fail
-  tx = lordo_jax.lordo(
-    LR,
-    rank=RANK,
-    sync_every=K,
-    axis_name="workers",
-    overlap=tau,
-    merge=merge,
-    merge_alpha=alpha,
-    **options,
-  )
-  _assert_matches(tx, params, data, trajectory)
+  _assert_matches(_lordo(K, tau, merge, alpha, **options), params, data, trajectory)
 
 
 @pytest.mark.parametrize(
@@ -118,30 +122,21 @@ def test_lordo_fragments_in_flight_match_the_reference(
     assert sum(g == f for _, g in reference.landings) >= 2, reference.landings
   refreshes = {d["t"] for d in reference.diagnostics if d["t"] > 1}
   assert refreshes == {t for t, f in reference.landings if f == labels["w"]}
-  tx = lordo_jax.lordo(
-    LR,
-    rank=RANK,
-    sync_every=sync_every,
-    axis_name="workers",
-    overlap=tau,
-    merge=merge,
-    merge_alpha=alpha,
-    fragments=lambda params: {leaf: labels[leaf] for leaf in params},
-    **options,
-  )
+  fragments = lambda params: {leaf: labels[leaf] for leaf in params}  # noqa: E731
+  tx = _lordo(sync_every, tau, merge, alpha, fragments=fragments, **options)
   _assert_matches(tx, params, data, trajectory)
 
 
 @pytest.mark.parametrize(
-  "tau, merge, compression, labels, seed",
+  "tau, merge, compression, labels",
   [
-    ("round", "eager", "int8", None, 8),
-    ("round", "delayed", "bfloat16", None, 8),
-    (2, "rebase", "int8", None, 8),
-    (1, "streaming", "int8", {"w": 0, "b": 1}, 8),
+    ("round", "eager", "int8", None),
+    ("round", "delayed", "bfloat16", None),
+    (2, "rebase", "int8", None),
+    (1, "streaming", "int8", {"w": 0, "b": 1}),
   ],
 )
-def test_lordo_compressed_in_flight_matches_the_reference(tau, merge, compression, labels, seed):
+def test_lordo_compressed_in_flight_matches_the_reference(tau, merge, compression, labels):
   """LoRDO's message sent in compressed chunks (the pseudo-gradient with its residual
   per chunk, the low-rank and full-rank moments in bfloat16) against the reference's
   chunks and codecs, the bases refreshed from the decoded mean; the residuals row by
@@ -151,10 +146,8 @@ def test_lordo_compressed_in_flight_matches_the_reference(tau, merge, compressio
   cfg = ref.Config(learning_rate=LR, rank=RANK, sync_every=sync_every)
   alpha = 0.5 if merge == "streaming" else 0.0
   overlap = overlap_ref.Overlap(tau, merge, alpha)
-  data, params, reference, trajectory = _run_reference(
-    cfg, overlap, steps, labels, compression, seed
-  )
-  _, _, _, plain = _run_reference(cfg, overlap, steps, labels, None, seed)
+  data, params, reference, trajectory = _run_reference(cfg, overlap, steps, labels, compression)
+  _, _, _, plain = _run_reference(cfg, overlap, steps, labels)
   moved = _moved(params, trajectory)
   apart = max(
     np.max(np.abs(a["params"][m][leaf] - b["params"][m][leaf])) / moved[leaf]
@@ -164,17 +157,7 @@ def test_lordo_compressed_in_flight_matches_the_reference(tau, merge, compressio
   )
   assert apart > 10 * RTOL, apart  # the codec's model is what is tested
   fragments = {"fragments": lambda p: {leaf: labels[leaf] for leaf in p}} if labels else {}
-  tx = lordo_jax.lordo(
-    LR,
-    rank=RANK,
-    sync_every=sync_every,
-    axis_name="workers",
-    overlap=tau,
-    merge=merge,
-    merge_alpha=alpha,
-    compression=compression,
-    **fragments,
-  )
+  tx = _lordo(sync_every, tau, merge, alpha, compression=compression, **fragments)
   workers = _assert_matches(tx, params, data, trajectory)
   residual = np.asarray(workers.worker_state(0).in_flight.residual)
   assert np.abs(reference.residuals[0]).max() > 1e-4  # the encodings lost something
