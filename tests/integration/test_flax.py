@@ -126,12 +126,29 @@ def test_nnx_optimizer_split_merge_under_jax_jit_equals_the_optax_loop():
   assert step._cache_size() == 2
 
 
-def test_nnx_optimizer_one_copy_per_worker_under_shard_map_equals_the_optax_workers():
-  """The Flax guide's NNX pattern: model and optimizer split, stacked, stepped per worker."""
+# On the workers: LoRDO, and LoRDO streamed in two fragments whose messages travel in
+# int8 one step (overlap=1), with the steps' static phase (fragments sync at steps 2 and
+# 4 and land at 3 and 5).
+ON_WORKERS = {
+  "lordo": (dict(sync_every=2), {}),
+  "lordo_overlap_fragments_int8": (
+    dict(sync_every=4, overlap=1, fragments=2, compression="int8"),
+    dict(sync_every=4, overlap=1, fragments=2),
+  ),
+}
+
+
+@pytest.mark.parametrize("config", sorted(ON_WORKERS))
+def test_nnx_optimizer_one_copy_per_worker_under_shard_map_equals_the_optax_workers(config):
+  """The Flax guide's NNX pattern: model and optimizer split, stacked, stepped per worker;
+  with an int overlap, each step jitted with its ``overlap_phase`` static."""
   workers = 4
   mesh = jax.make_mesh((workers,), ("workers",))
   split = jax.NamedSharding(mesh, P("workers"))
-  make = lambda: lordo_jax.lordo(1e-2, rank=2, sync_every=2, axis_name="workers")  # noqa: E731
+  options, phase_of = ON_WORKERS[config]
+  make = lambda: lordo_jax.lordo(1e-2, rank=2, axis_name="workers", **options)  # noqa: E731
+  phases = [lordo_jax.overlap_phase(t, **phase_of) if phase_of else None for t in range(STEPS)]
+  assert not phase_of or phases == ["local", "local", "send", "local", "send"]
   model = MLP(nnx.Rngs(0))
   graphdef, state = nnx.split((model, nnx.Optimizer(model, make(), wrt=nnx.Param)))
   per_worker = lambda tree: jax.device_put(  # noqa: E731
@@ -139,28 +156,34 @@ def test_nnx_optimizer_one_copy_per_worker_under_shard_map_equals_the_optax_work
   )
   inputs = [jax.random.normal(jax.random.key(10 + t), (workers, 8, 16)) for t in range(STEPS)]
 
-  def nnx_worker(state, x):
+  def nnx_worker(state, x, phase=None):
     state, x = jax.tree.map(lambda a: a[0], (state, x))
     model, optimizer = nnx.merge(graphdef, state)
-    optimizer.update(model, nnx.grad(nnx_loss)(model, x))
+    extra = {} if phase is None else {"overlap_phase": phase}
+    optimizer.update(model, nnx.grad(nnx_loss)(model, x), **extra)
     return jax.tree.map(lambda a: a[None], nnx.state((model, optimizer)))
 
   tx = make()
   model_graph, params = nnx.split(MLP(nnx.Rngs(0)), nnx.Param)
   params = nnx.to_pure_dict(params)
 
-  def optax_worker(p, opt_state, x):
+  def optax_worker(p, opt_state, x, phase=None):
     p, opt_state, x = jax.tree.map(lambda a: a[0], (p, opt_state, x))
     grads = jax.grad(lambda q: nnx_loss(nnx.merge(model_graph, q), x))(p)
-    updates, opt_state = tx.update(grads, opt_state, p)
+    extra = {} if phase is None else {"overlap_phase": phase}
+    updates, opt_state = tx.update(grads, opt_state, p, **extra)
     return jax.tree.map(lambda a: a[None], (optax.apply_updates(p, updates), opt_state))
 
-  shard_map = lambda f: jax.jit(  # noqa: E731
-    jax.shard_map(f, mesh=mesh, in_specs=P("workers"), out_specs=P("workers"))
-  )
-  nnx_step, optax_step = shard_map(nnx_worker), shard_map(optax_worker)
+  def shard_map(f, phase):  # one program per phase, the phase static
+    body = lambda *args: f(*args, phase=phase)  # noqa: E731
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("workers"), out_specs=P("workers")))
+
+  programs = {
+    phase: (shard_map(nnx_worker, phase), shard_map(optax_worker, phase)) for phase in phases
+  }
   state, p, opt_state = per_worker(state), per_worker(params), per_worker(tx.init(params))
-  for x in inputs:
+  for x, phase in zip(inputs, phases, strict=True):
+    nnx_step, optax_step = programs[phase]
     state = jax.block_until_ready(nnx_step(state, jax.device_put(x, split)))
     p, opt_state = jax.block_until_ready(optax_step(p, opt_state, jax.device_put(x, split)))
   model, optimizer = nnx.merge(graphdef, state)
