@@ -16,6 +16,8 @@ Each arm is one ``examples/main.py`` command training LoRDO and low-rank DDP on 
 * ``warm_start``: our methods as they are, warm-started from the same kind of phase
   (steps 1-256 of low-rank DDP with its defaults): the warm start alone.
 * ``ours``: our methods from scratch, warmup 32 then cosine.
+* ``paper_subspace_iteration``: ``paper`` with LoRDO's bases refreshed by subspace
+  iteration instead of the SVD (the other arms pin the SVD).
 
 Every arm uses the peak rate the quality study tuned for low-rank DDP (0.0125), as the
 authors used one peak for both. The number compared is LoRDO's final validation loss
@@ -60,7 +62,15 @@ PAPER = [
   *("--option", "lordo.b2=0.999", "--option", "lordo.full_rank_numerator=error_fed"),
   *("--option", "lordo.full_rank_nu=0.97", "--option", "lordo.lr_scale=0.5"),
 ]
-ARMS = {"paper": PAPER, "warm_start": [*WARM_START[:2]], "ours": []}
+# LoRDO's basis refresh: every arm was first trained with the SVD (the default until
+# 2026-11-26); the paper's protocol with the batched subspace iteration is its own arm.
+SVD = ["--option", "lordo.projection=svd"]
+ARMS = {
+  "paper": [*PAPER, *SVD],
+  "warm_start": [*WARM_START[:2], *SVD],
+  "ours": SVD,
+  "paper_subspace_iteration": [*PAPER, "--option", "lordo.projection=subspace_iteration"],
+}
 
 
 def command(arm: str, seed: int, quick: bool, work: pathlib.Path) -> list[str]:

@@ -12,7 +12,9 @@ shapes and the full study's ``time_to_target.json``), ``extensions.py``
 (compressed, streamed, two-sided and adaptive syncs, at the quality study's best
 learning rates), then the optimizer-step
 studies ``step_speed.py``, ``step_overhead.py``, ``memory.py``, ``sharded_memory.py``
-(per-device state under FSDP, offload on and off) and ``refresh.py`` (refresh time and
+(per-device state under FSDP, offload on and off), ``device_speed.py`` (the optimizer
+step on GPT-2 small's shapes and the LM's whole step, timed on the device JAX runs on,
+with their memory) and ``refresh.py`` (refresh time and
 LoRDO's quality per projection; it reads the quality study's results) where present,
 then the studies of the paper's regime: ``fidelity.py`` (each of the paper's variants
 alone), ``paper_protocol.py`` (its protocol as a whole, next to ours) and
@@ -42,6 +44,7 @@ STUDIES = (
   "step_overhead",
   "memory",
   "sharded_memory",
+  "device_speed",
   "refresh",
   "fidelity",
   "paper_protocol",

@@ -8,6 +8,7 @@ program asks to send are read from the lowered one.
 """
 
 import re
+from typing import NamedTuple
 
 import numpy as np
 
@@ -27,6 +28,7 @@ _COMPUTATION = re.compile(r"^(ENTRY )?%?([\w.\-]+) .*\{$")
 _BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
 _TRUE_FALSE = re.compile(r"(?:true|false)_computation=%?([\w.\-]+)")
 _CALLS = re.compile(r"\b(?:to_apply|calls)=%?([\w.\-]+)")
+_LOOP_BODIES = re.compile(r"\bbody=%?([\w.\-]+)")
 
 
 def _array_bytes(type_text: str) -> tuple[int, int]:
@@ -41,14 +43,12 @@ def _array_bytes(type_text: str) -> tuple[int, int]:
   return elements, nbytes
 
 
-def collectives_by_depth(hlo_text: str, op: str = "all-reduce") -> dict[int, list[tuple[int, int]]]:
-  """{conditional depth: [(elements, bytes) of each ``op``]} of a compiled module.
-
-  ``op`` is an HLO collective: ``all-reduce`` (the result is the payload),
-  ``all-to-all`` (the result has the operand's size) or ``all-gather`` (the result
-  is the gathered array). Depth 0 is the entry computation, depth 1 a branch of a
-  conditional in it, and so on.
-  """
+def lines_by_depth(hlo_text: str, loops: bool = False):
+  """``(depth, line)`` of every instruction reached from the entry computation of a
+  compiled module: depth 0 is the entry computation, depth 1 a branch of a conditional
+  in it, and so on (a called computation, such as a lowered shard_map body, keeps its
+  caller's depth). With ``loops``, the bodies of while loops too, as
+  ``(depth, line, in_loop)``."""
   computations: dict[str, list[str]] = {}
   entry = None
   current = None
@@ -61,23 +61,70 @@ def collectives_by_depth(hlo_text: str, op: str = "all-reduce") -> dict[int, lis
         entry = current
     elif current is not None and line.startswith("  "):
       computations[current].append(line)
-  found: dict[int, list[tuple[int, int]]] = {}
 
-  def visit(name: str, depth: int):
+  def visit(name: str, depth: int, in_loop: bool):
     for line in computations[name]:
-      if f" {op}(" in line or f" {op}-start(" in line:
-        result_type = line.split("=", 1)[1].split(f" {op}", 1)[0]
-        found.setdefault(depth, []).append(_array_bytes(result_type))
+      yield (depth, line, in_loop) if loops else (depth, line)
       branches = _BRANCHES.search(line)
       names = [b.strip().lstrip("%") for b in branches.group(1).split(",")] if branches else []
       names += _TRUE_FALSE.findall(line)
       for branch in names:
-        visit(branch, depth + 1)
-      for called in _CALLS.findall(line):  # a call (the lowered shard_map body): same depth
-        visit(called, depth)
+        yield from visit(branch, depth + 1, in_loop)
+      for called in _CALLS.findall(line):
+        yield from visit(called, depth, in_loop)
+      for body in _LOOP_BODIES.findall(line) if loops else ():
+        yield from visit(body, depth, True)
 
-  visit(entry, 0)
+  yield from visit(entry, 0, False)
+
+
+def collectives_by_depth(hlo_text: str, op: str = "all-reduce") -> dict[int, list[tuple[int, int]]]:
+  """{conditional depth: [(elements, bytes) of each ``op``]} of a compiled module.
+
+  ``op`` is an HLO collective: ``all-reduce`` (the result is the payload),
+  ``all-to-all`` (the result has the operand's size) or ``all-gather`` (the result
+  is the gathered array). Depth 0 is the entry computation, depth 1 a branch of a
+  conditional in it, and so on (:func:`lines_by_depth`).
+  """
+  found: dict[int, list[tuple[int, int]]] = {}
+  for depth, line in lines_by_depth(hlo_text):
+    if f" {op}(" in line or f" {op}-start(" in line:
+      result_type = line.split("=", 1)[1].split(f" {op}", 1)[0]
+      found.setdefault(depth, []).append(_array_bytes(result_type))
   return found
+
+
+# The solver library calls of each factorisation, on CPU (LAPACK) and GPU (cuSOLVER, cuBLAS).
+_LINEAR_ALGEBRA = {
+  "qr": ("geqrf",),
+  "svd": ("gesdd", "gesvd"),
+  "cholesky": ("potrf",),
+  "eigh": ("syevd", "heevd", "syev"),
+  "triangular_solve": ("trsm", "triangularSolve"),
+}
+_TARGET = re.compile(r'custom_call_target="([^"]+)"')
+
+
+class SolverCall(NamedTuple):
+  """One solver-library call of a compiled module."""
+
+  depth: int  # Of conditionals around it (0: the entry computation).
+  in_loop: bool  # Inside the body of a while loop (a loop over matrices, say).
+  result_type: str  # Its result's type: leading batch axes for a batched call.
+
+
+def linear_algebra_calls(hlo_text: str, kind: str) -> list[SolverCall]:
+  """Every solver-library call of ``kind`` (a key of :data:`_LINEAR_ALGEBRA`: ``qr``,
+  ``svd``, ``cholesky``, ``eigh``, ``triangular_solve``) reached from the entry
+  computation. A batched call is one call whose operand has leading batch axes; a loop
+  of per-matrix calls is one call ``in_loop``."""
+  calls = []
+  for depth, line, in_loop in lines_by_depth(hlo_text, loops=True):
+    target = _TARGET.search(line)
+    if target and any(name in target.group(1) for name in _LINEAR_ALGEBRA[kind]):
+      result_type = line.split("custom-call(", 1)[0].split("=", 1)[1].strip()
+      calls.append(SolverCall(depth, in_loop, result_type))
+  return calls
 
 
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = .*?\b([a-z][\w\-]*)\((.*)$")

@@ -14,6 +14,7 @@ import dataclasses
 import datetime
 import functools
 import hashlib
+import inspect
 import json
 import os
 import pathlib
@@ -24,7 +25,9 @@ from typing import Any
 
 import jax
 
+import lordo_jax
 from harness.variants import Variant
+from lordo_jax.methods import lordo as lordo_lib
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "examples"))
@@ -84,20 +87,36 @@ class RunSpec:
     """The settings that name the cache file (the description is not one).
 
     A setting added after runs were cached (:data:`ADDED`) is left out at its default,
-    so that those runs keep their names.
+    so that those runs keep their names. So is the basis refresh where it is the SVD,
+    which every run was first cached with (named or not), and where it is another a
+    method takes by default (LoRDO's ``subspace_iteration``), the key names it, so that
+    such runs never take the place of the SVD's.
     """
     fields = dataclasses.asdict(self)
     for name, default in ADDED.items():
       if fields[name] == default:
         del fields[name]
     variant = self.variant
-    fields["variant"] = {"name": variant.name, "method": variant.method}
-    fields["variant"]["options"] = [list(o) for o in variant.options]
+    options = [list(o) for o in variant.options if tuple(o) != ("projection", "svd")]
+    fields["variant"] = {"name": variant.name, "method": variant.method, "options": options}
+    projection = default_projection(variant.method, dict(variant.options))
+    if projection not in (None, "svd") and "projection" not in dict(variant.options):
+      fields["projection"] = projection
     return fields
 
   def file_name(self) -> str:
     """The cache file of this run: see :func:`file_name`."""
     return file_name(self.key())
+
+
+def default_projection(method: str, options: dict[str, Any]) -> str | None:
+  """The basis refresh ``lordo_jax.<method>(**options)`` takes (None: it has none)."""
+  parameter = inspect.signature(getattr(lordo_jax, method)).parameters.get("projection")
+  if parameter is None:
+    return None
+  if options.get("projection", parameter.default) is None:  # LoRDO's: one-sided or two.
+    return lordo_lib.with_projection(options)["projection"]
+  return options.get("projection", parameter.default)
 
 
 # Settings added to RunSpec after the first runs were cached, with their defaults.

@@ -19,12 +19,16 @@ def full_rank_scale(denominator: jax.Array, kind: str, side: str = "left") -> ja
   """``s``: the mean of the denominator D, a scalar, or the mean over its rank axis.
 
   ``side="left"``: D is ``r x q`` and the vector ``s`` a ``1 x q`` row;
-  ``side="right"``: D is ``p x r`` and the vector ``s`` a ``p x 1`` column.
+  ``side="right"``: D is ``p x r`` and the vector ``s`` a ``p x 1`` column. Leading
+  axes of D are a batch of matrices, each with its own ``s`` (the scalar then a
+  ``1 x 1`` matrix per matrix).
   """
   if kind == "scalar":
-    return jnp.mean(denominator)
+    if denominator.ndim == 2:
+      return jnp.mean(denominator)
+    return jnp.mean(denominator, axis=(-2, -1), keepdims=True)
   if kind == "vector":
-    return jnp.mean(denominator, axis=0 if side == "left" else 1, keepdims=True)
+    return jnp.mean(denominator, axis=-2 if side == "left" else -1, keepdims=True)
   raise ValueError(f"full_rank_scale={kind!r} is not one of {FULL_RANK_SCALES}.")
 
 

@@ -19,20 +19,32 @@ LOW_RANK = "low_rank"
 FULL_RANK = "full_rank"
 
 
+def _as_tuple(axes: int | tuple[int, ...], ndim: int) -> tuple[int, ...]:
+  return tuple(a % ndim for a in ((axes,) if isinstance(axes, int) else axes))
+
+
 @dataclasses.dataclass(frozen=True)
 class MatrixAxes:
-  """The axes of a leaf that form the rows (p) and the columns (q) of its matrix."""
+  """The axes of a leaf that form the rows (p) and the columns (q) of its matrix, and
+  the axes (``batch``) that index a stack of such matrices.
+
+  A scanned model's kernel ``(layers, p, q)`` is ``MatrixAxes(batch=0, rows=1, cols=2)``:
+  each layer's ``p x q`` matrix has its own basis and moments (stored stacked along the
+  same axis), and the stack is projected, stepped and refreshed in batched computations,
+  as ``optax.contrib.muon`` vmaps such axes.
+  """
 
   rows: int | tuple[int, ...] = 0  #: The axis (or axes) of the rows, p.
   cols: int | tuple[int, ...] = 1  #: The axis (or axes) of the columns, q.
+  batch: int | tuple[int, ...] = ()  #: The axes of a stack of matrices (none by default).
 
   def normalized(self, ndim: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(rows, cols) as tuples of non-negative axes."""
-    as_tuple = lambda a: (a,) if isinstance(a, int) else tuple(a)  # noqa: E731
-    return (
-      tuple(a % ndim for a in as_tuple(self.rows)),
-      tuple(a % ndim for a in as_tuple(self.cols)),
-    )
+    return _as_tuple(self.rows, ndim), _as_tuple(self.cols, ndim)
+
+  def batch_axes(self, ndim: int) -> tuple[int, ...]:
+    """The batch axes as a tuple of non-negative axes."""
+    return _as_tuple(self.batch, ndim)
 
 
 def _as_axes(label: Any) -> MatrixAxes | None:
@@ -44,31 +56,50 @@ def _as_axes(label: Any) -> MatrixAxes | None:
 
 
 def matrix_shape(shape: tuple[int, ...], axes: MatrixAxes) -> tuple[int, int]:
-  """(p, q) of a leaf of ``shape`` seen through ``axes``."""
+  """(p, q) of each matrix of a leaf of ``shape`` seen through ``axes``."""
   rows, cols = axes.normalized(len(shape))
   return math.prod(shape[a] for a in rows), math.prod(shape[a] for a in cols)
 
 
+def batch_shape(shape: tuple[int, ...], axes: MatrixAxes) -> tuple[int, ...]:
+  """The shape of the stack of matrices of a leaf of ``shape`` (``()``: one matrix)."""
+  return tuple(shape[a] for a in axes.batch_axes(len(shape)))
+
+
+def _order(ndim: int, axes: MatrixAxes) -> tuple[int, ...]:
+  rows, cols = axes.normalized(ndim)
+  return axes.batch_axes(ndim) + rows + cols
+
+
 def to_matrix(x: jax.Array, axes: MatrixAxes) -> jax.Array:
-  """The ``p x q`` matrix view of ``x``."""
-  rows, cols = axes.normalized(x.ndim)
-  return x.transpose(rows + cols).reshape(matrix_shape(x.shape, axes))
+  """The ``(*batch, p, q)`` matrix view of ``x`` (``p x q`` without batch axes)."""
+  order = _order(x.ndim, axes)
+  if order == tuple(range(x.ndim)) and x.ndim - len(axes.batch_axes(x.ndim)) == 2:
+    return x  # Already a matrix, or a stack of them: no copy.
+  new_shape = batch_shape(x.shape, axes) + matrix_shape(x.shape, axes)
+  return x.transpose(order).reshape(new_shape)
 
 
 def from_matrix(m: jax.Array, axes: MatrixAxes, shape: tuple[int, ...]) -> jax.Array:
   """Inverse of :func:`to_matrix` for a leaf of ``shape``."""
-  rows, cols = axes.normalized(len(shape))
-  order = rows + cols
+  order = _order(len(shape), axes)
+  if order == tuple(range(len(shape))) and m.shape == shape:
+    return m
   inverse = tuple(order.index(a) for a in range(len(shape)))
   return m.reshape(tuple(shape[a] for a in order)).transpose(inverse)
 
 
 def _check_axes(where: str, shape: tuple[int, ...], axes: MatrixAxes, rank: int):
   rows, cols = axes.normalized(len(shape))
-  if set(rows) & set(cols) or sorted(rows + cols) != list(range(len(shape))):
+  batch = axes.batch_axes(len(shape))
+  named = batch + rows + cols
+  if (
+    not rows or not cols or len(set(named)) < len(named) or sorted(named) != list(range(len(shape)))
+  ):
     raise ValueError(
       f"low_rank_labels at {where}: {axes} must split the {len(shape)} axes of "
-      f"shape {shape} into disjoint rows and cols that cover every axis."
+      f"shape {shape} into disjoint batch, rows and cols that cover every axis "
+      "(rows and cols at least one axis each)."
     )
   p, q = matrix_shape(shape, axes)
   if min(p, q) <= rank:
@@ -119,7 +150,9 @@ def route(tree: Any, labels: Any, rank: int) -> Any:
   * ``False``: the full-rank path;
   * a :class:`MatrixAxes`: low-rank, the leaf reshaped into a matrix whose rows are
     the axes ``rows`` and whose columns are the axes ``cols`` (a Flax attention kernel
-    ``(embed, heads, head_dim)`` is ``MatrixAxes(rows=0, cols=(1, 2))``).
+    ``(embed, heads, head_dim)`` is ``MatrixAxes(rows=0, cols=(1, 2))``), or a stack of
+    such matrices along the axes ``batch`` (a scanned model's ``(layers, p, q)`` kernel is
+    ``MatrixAxes(batch=0, rows=1, cols=2)``: each layer its own basis and moments).
     ``optax.contrib.GaLoreDimensionNumbers`` is accepted too.
 
   A label function is called with a tree shaped like the params; on the low-rank path

@@ -16,6 +16,17 @@ from lordo_jax.methods import options as options_lib
 from lordo_jax.round import _synchronize as sync
 
 INIT_PROJECTIONS = ("gradient", "random")
+# LoRDO's basis refresh: warm-started subspace iteration, batched over each shape's
+# matrices, trains as the SVD does at a fraction of its cost (docs/FIDELITY.md).
+DEFAULT_PROJECTION = "subspace_iteration"
+
+
+def with_projection(options: dict[str, Any]) -> dict[str, Any]:
+  """``options`` with LoRDO's refresh for ``projection=None``: subspace iteration, or
+  the SVD with ``two_sided=True`` (two-sided bases have no subspace iteration)."""
+  if options.get("projection") is not None:
+    return options
+  return dict(options, projection="svd" if options.get("two_sided") else DEFAULT_PROJECTION)
 
 
 @keywords.takes(
@@ -23,6 +34,7 @@ INIT_PROJECTIONS = ("gradient", "random")
   options_lib.LOW_RANK,
   options_lib.ROUND,
   omega=0.7,
+  projection=None,
 )
 def lordo(
   learning_rate: optax.ScalarOrSchedule,
@@ -93,7 +105,7 @@ def lordo(
     Communication <https://arxiv.org/abs/2602.04396>`_, ICML 2026.
   """
   who = "lordo"
-  step, local = options_lib.low_rank_step(who, dict(options, rank=rank))
+  step, local = options_lib.low_rank_step(who, with_projection(dict(options, rank=rank)))
   sync_moments_every = 1 if sync_moments_every is None else sync_moments_every
   checks.positive_int(who, "sync_moments_every", sync_moments_every)
   checks.one_of(who, "init_projection", init_projection, INIT_PROJECTIONS)
@@ -125,6 +137,7 @@ def lordo(
   options_lib.LOW_RANK,
   options_lib.ROUND,
   omega=0.7,
+  projection=None,
 )
 def lordo_local_projection(
   learning_rate: optax.ScalarOrSchedule,
@@ -171,7 +184,7 @@ def lordo_local_projection(
     projection ablation).
   """
   who = "lordo_local_projection"
-  step, local = options_lib.low_rank_step(who, dict(options, rank=rank))
+  step, local = options_lib.low_rank_step(who, with_projection(dict(options, rank=rank)))
   low_rank, local_step_ = local_step.low_rank_adamw(
     step, local, learning_rate, who=who, init_projection="external"
   )

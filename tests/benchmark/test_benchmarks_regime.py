@@ -276,14 +276,21 @@ def test_the_paper_arm_is_the_fidelity_recipe():
     assert flag in text, flag
   recipe = (ROOT / "docs" / "FIDELITY.md").read_text()
   options = [line[i + 1] for i, flag in enumerate(line) if flag == "--option"]
-  assert len(options) == 16
-  for option in options:
+  # The recipe's 16 options, and the SVD every arm but paper_subspace_iteration pins.
+  assert len(options) == 17 and options[-1] == "lordo.projection=svd"
+  for option in options[:-1]:
     assert f"--option {option}" in recipe, option
   ours = " ".join(paper_protocol.command("ours", 0, False, pathlib.Path("/w")))
-  assert "--warm-start" not in ours and " --option " not in ours
+  assert "--warm-start" not in ours and ours.count(" --option ") == 1
   warm = " ".join(paper_protocol.command("warm_start", 0, False, pathlib.Path("/w")))
-  assert "--warm-start-steps 256" in warm and " --option " not in warm
+  assert "--warm-start-steps 256" in warm and warm.count(" --option ") == 1
   assert "--warm-start-moments" not in warm
+  # The subspace-iteration arm is the paper's, its refresh (and folder) aside.
+  subspace = " ".join(
+    paper_protocol.command("paper_subspace_iteration", 2, False, pathlib.Path("/w"))
+  )
+  renamed = subspace.replace("projection=subspace_iteration", "projection=svd")
+  assert renamed.replace("paper_subspace_iteration_s2", "paper_s2") == text
 
 
 def test_the_protocol_summary_pairs_each_seed():

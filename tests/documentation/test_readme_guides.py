@@ -84,3 +84,11 @@ def test_overlap_phase_example_learns_with_its_phases():
   check = "\nprint(phases.count('send'), float(loss_fn(model, batches[0])) < first / 2)\n"
   # 40 steps, K = 16, tau = 2: the steps numbered 16, 17, 32 and 33 send a chunk.
   assert run(_OVERLAP_SETUP + code + check).split()[-2:] == ["4", "True"]
+
+
+def test_scanned_layers_example_gives_each_layer_its_basis():
+  """The Flax guide's stacked leaf (``MatrixAxes(batch=0, ...)``) trains and prints
+  one basis per layer, as its text says."""
+  (code,) = [b for b in python_blocks(page_text("docs/guides/flax.md")) if "batch=0" in b]
+  assert "bases: (4, 32, 4)" in run(code)
+  assert "It prints `bases: (4, 32, 4)`" in page_text("docs/guides/flax.md")

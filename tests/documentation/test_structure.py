@@ -183,7 +183,7 @@ def _route_to_the_svd(monkeypatch) -> list[str]:
     return top(*args, **kwargs)
 
   monkeypatch.setattr(svd, "top_singular_vectors", recorded)
-  tx = lordo_jax.lordo(1e-2, rank=2, sync_every=1, init_projection="random")
+  tx = lordo_jax.lordo(1e-2, rank=2, sync_every=1, init_projection="random", projection="svd")
   params = {"w": jnp.ones((8, 4))}
   jax.eval_shape(tx.update, params, tx.init(params), params)
   (route,) = routes

@@ -6,18 +6,23 @@ parameters of every worker and the ledger totals after a short run (4 workers,
 restructuring of issue 11 ("one idea per file"). The same program must give the
 same bits: a change of structure that changes a number is a change of behaviour.
 
-Record (only at a commit whose behaviour is the reference: a worktree of dda80ce with
-this file and ``tests/workers.py`` copied in)::
+A change that is meant to round differently (the batched refresh: a stack of
+matrices factorised at once, Cholesky-QR instead of Householder QR, both the same
+mathematics to float32 rounding) starts a new generation of recordings, in
+``tests/golden/<generation>/``, made on the hosts at hand. A run is compared bit for
+bit with the newest generation's recording of its JAX version on its CPU, and, for
+every generation, with the recording of the nearest JAX version on its CPU (or the
+nearest CPU) to 1e-4 relative, ledgers exactly: the behaviour stays that of dda80ce.
 
-    .venv/bin/python -m tests.test_golden_runs --record
+Record (only at a commit whose behaviour is the reference)::
+
+    .venv/bin/python -m tests.integration.test_golden_runs --record
 
 XLA compiles for the CPU it runs on, and the same program rounds differently on another
 one (up to 8e-6 relative between the two x86 hosts the project has run on), so ``<host>``
-is :func:`host`'s tag of the CPU. The recording of the running JAX version on this CPU
-is compared bit for bit. Without one, the recording of the nearest JAX version is
-compared to 1e-4 relative (another compiler or CPU may round differently, and that is
-not a change of this library), and the ledgers still exactly. The ``unknown`` host is
-the first one, whose tag was not kept.
+is :func:`host`'s tag of the CPU. Another compiler or CPU may round differently, and
+that is not a change of this library. The ``unknown`` host is the first one, whose tag
+was not kept.
 """
 
 import hashlib
@@ -73,14 +78,20 @@ def batches():
   return out
 
 
+# The SVD, LoRDO's refresh when the runs were recorded (its default is now
+# subspace_iteration, which lordo_subspace_iteration records).
+SVD = {"projection": "svd"}
+
+
 def _lordo(**options):
+  options = SVD | options
   return lambda: lordo_jax.lordo(LR, rank=RANK, sync_every=K, axis_name=workers.AXIS, **options)
 
 
 def _qsr():
   schedule = optax.cosine_decay_schedule(LR, STEPS)
   rule = lordo_jax.quadratic_sync_rule(K, 0.004, schedule)
-  return lordo_jax.lordo(schedule, rank=RANK, sync_every=rule, axis_name=workers.AXIS)
+  return lordo_jax.lordo(schedule, rank=RANK, sync_every=rule, axis_name=workers.AXIS, **SVD)
 
 
 def _low_rank_ddp(**options):
@@ -130,8 +141,8 @@ CONFIGS = {
   ),
   "diloco": _local(lordo_jax.diloco),
   "diloco_bfloat16": _local(lordo_jax.diloco, compression="bfloat16"),
-  "lordo_local_projection": _local(lordo_jax.lordo_local_projection, rank=RANK),
-  "lordo_global_projection_only": _local(lordo_jax.lordo_global_projection_only, rank=RANK),
+  "lordo_local_projection": _local(lordo_jax.lordo_local_projection, rank=RANK, **SVD),
+  "lordo_global_projection_only": _local(lordo_jax.lordo_global_projection_only, rank=RANK, **SVD),
 }
 
 
@@ -165,30 +176,49 @@ def host():
   return hashlib.sha256(text.encode()).hexdigest()[:10]
 
 
-def recording():
-  """(the recorded arrays, whether they are this JAX version's own on this CPU)."""
+# The generations of recordings, oldest first: a folder of tests/golden each ("": itself).
+GENERATIONS = ("", "batched_refresh")
+
+
+def _recordings(generation: str) -> dict[tuple, pathlib.Path]:
   files = {}
-  for path in GOLDEN.glob("jax-*-cpu-*.npz"):
+  for path in (GOLDEN / generation).glob("jax-*-cpu-*.npz"):
     version, cpu = path.stem.removeprefix("jax-").split("-cpu-")
     files[_version(version), cpu] = path
+  return files
+
+
+def recording(generation: str = GENERATIONS[-1]):
+  """(the recorded arrays of ``generation``, whether they are this JAX version's own on
+  this CPU): the own recording if there is one, else the nearest JAX version's (on this
+  CPU first)."""
+  files = _recordings(generation)
   own = (_version(jax.__version__), host())
   if own in files:
     return dict(np.load(files[own])), True
-  nearest = min(files, key=lambda key: [abs(a - b) for a, b in zip(key[0], own[0], strict=True)])
-  return dict(np.load(files[nearest])), False
+
+  def distance(key):
+    return key[1] != own[1], [abs(a - b) for a, b in zip(key[0], own[0], strict=True)]
+
+  return dict(np.load(files[min(files, key=distance)])), False
 
 
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize("name", sorted(CONFIGS))
-def test_run_reproduces_the_recording(name):
-  recorded, exact = recording()
-  got = run(name)
-  assert set(got) == {k for k in recorded if k.startswith(name + "/")}
+def _compare(got: dict, recorded: dict, exact: bool):
   for key, value in got.items():
     if exact or not key.split("/")[1] == "params":
       np.testing.assert_array_equal(value, recorded[key], err_msg=key)
     else:
       np.testing.assert_allclose(value, recorded[key], rtol=1e-4, atol=1e-6, err_msg=key)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_run_reproduces_the_recording(name):
+  got = run(name)
+  for generation in GENERATIONS:
+    recorded, own = recording(generation)
+    assert set(got) == {k for k in recorded if k.startswith(name + "/")}
+    _compare(got, recorded, exact=own and generation == GENERATIONS[-1])
 
 
 def test_every_run_moves_and_differs():
@@ -198,28 +228,29 @@ def test_every_run_moves_and_differs():
   assert len({v.tobytes() for v in finals.values()}) == len(CONFIGS)
 
 
-def test_recordings_on_different_cpus_agree_to_the_fallback_tolerance():
-  """What the fallback allows is what two CPUs differ by: each JAX version's recordings
-  on every host agree with each other to 1e-4 relative, their ledgers exactly."""
+@pytest.mark.parametrize("generation", GENERATIONS)
+def test_recordings_on_different_cpus_agree_to_the_fallback_tolerance(generation):
+  """What the fallback allows is what two CPUs (or two generations) differ by: each JAX
+  version's recordings on every host agree with each other to 1e-4 relative, their
+  ledgers exactly."""
   by_version = {}
-  for path in GOLDEN.glob("jax-*-cpu-*.npz"):
-    by_version.setdefault(path.stem.split("-cpu-")[0], []).append(dict(np.load(path)))
-  assert any(len(hosts) > 1 for hosts in by_version.values())
-  for first, *others in by_version.values():
-    for other in others:
-      assert set(other) == set(first)
-      for key, value in other.items():
-        if key.split("/")[1] == "params":
-          np.testing.assert_allclose(value, first[key], rtol=1e-4, atol=1e-6, err_msg=key)
-        else:
-          np.testing.assert_array_equal(value, first[key], err_msg=key)
+  for (version, _), path in _recordings(generation).items():
+    by_version.setdefault(version, []).append(dict(np.load(path)))
+  if generation == GENERATIONS[0]:
+    assert any(len(hosts) > 1 for hosts in by_version.values())
+  first_generation = {v: dict(np.load(p)) for (v, _), p in _recordings(GENERATIONS[0]).items()}
+  for version, recordings in by_version.items():
+    for other in recordings + [first_generation[version]]:
+      assert set(other) == set(recordings[0])
+      _compare(recordings[0], other, exact=False)
 
 
 if __name__ == "__main__" and "--record" in sys.argv:
   jax.config.update("jax_num_cpu_devices", 8)
-  GOLDEN.mkdir(exist_ok=True)
+  folder = GOLDEN / GENERATIONS[-1]
+  folder.mkdir(exist_ok=True)
   arrays = {}
   for config in CONFIGS:
     arrays.update(run(config))
     print(config, arrays[f"{config}/bytes"])
-  np.savez_compressed(GOLDEN / f"jax-{jax.__version__}-cpu-{host()}.npz", **arrays)
+  np.savez_compressed(folder / f"jax-{jax.__version__}-cpu-{host()}.npz", **arrays)

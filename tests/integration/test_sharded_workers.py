@@ -30,7 +30,9 @@ pytestmark = pytest.mark.timeout(600, method="thread")
 
 STEPS = 4  # Two syncs at K = 2, two refreshes of low-rank DDP at T = 3.
 METHODS = {
-  "lordo_svd": lambda: lordo_jax.lordo(1e-2, rank=2, sync_every=2, axis_name=AXIS),
+  "lordo_svd": lambda: lordo_jax.lordo(
+    1e-2, rank=2, sync_every=2, axis_name=AXIS, projection="svd"
+  ),
   "lordo_subspace_iteration": lambda: lordo_jax.lordo(
     1e-2, rank=2, sync_every=2, axis_name=AXIS, projection="subspace_iteration"
   ),
@@ -201,7 +203,10 @@ def test_four_workers_times_two_way_fsdp_match_the_unsharded_run(method, axis_ty
 
 
 @pytest.mark.parametrize("axis_type", [AxisType.Explicit, AxisType.Auto], ids=["explicit", "auto"])
-@pytest.mark.parametrize("method", ["lordo_svd", "lordo_two_sided", "low_rank_ddp", "diloco"])
+@pytest.mark.parametrize(
+  "method",
+  ["lordo_svd", "lordo_subspace_iteration", "lordo_two_sided", "low_rank_ddp", "diloco"],
+)
 def test_two_workers_times_fsdp_times_tensor_parallel_match_the_unsharded_run(method, axis_type):
   mesh = jax.make_mesh((2, 2, 2), (AXIS, "fsdp", "tp"), axis_types=(axis_type,) * 3)
   _assert_same_run(method, mesh, TP_SPECS)

@@ -162,7 +162,9 @@ def _largest_angle(a, b):
 
 def test_randomized_svd_is_exact_when_the_rank_fits_the_sketch():
   x = _matrix(40, 30, [5.0, 3.0, 2.0, 1.0, 0.5, 0.25], seed=0)  # rank 6 = r + oversample
-  (got,) = two_sided.randomized_bases([x], 2, [jax.random.key(1)], oversample=4, power_iterations=0)
+  (got,), _ = two_sided.randomized_bases(
+    [x], 2, [jax.random.key(1)], oversample=4, power_iterations=0
+  )
   want = two_sided.svd_basis(x, 2)
   np.testing.assert_allclose(got.left, want.left, atol=1e-5)
   np.testing.assert_allclose(got.right, want.right, atol=1e-5)
@@ -173,7 +175,7 @@ def test_power_iterations_bring_the_randomized_bases_to_the_svd():
   want = two_sided.svd_basis(x, 3)
   angles = []
   for k in (0, 2):
-    (got,) = two_sided.randomized_bases(
+    (got,), _ = two_sided.randomized_bases(
       [x], 3, [jax.random.key(2)], oversample=4, power_iterations=k
     )
     angles.append(max(_largest_angle(got.left, want.left), _largest_angle(got.right, want.right)))
@@ -185,11 +187,12 @@ def test_averaging_the_sketches_equals_the_sketch_of_the_mean():
   xs = [_matrix(20, 16, [4.0, 2.0, 1.0, 0.6, 0.3], seed=s) for s in range(3)]
   mean_matrix = sum(xs) / 3
   keys = [jax.random.key(3)]
-  (want,) = two_sided.randomized_bases([mean_matrix], 2, keys, oversample=3, power_iterations=1)
+  (want,), _ = two_sided.randomized_bases([mean_matrix], 2, keys, oversample=3, power_iterations=1)
 
   def per_worker(x):
     mean = lambda products: [jax.lax.pmean(p, "w") for p in products]  # noqa: E731
-    (basis,) = two_sided.randomized_bases([x], 2, keys, oversample=3, power_iterations=1, mean=mean)
+    sketched = dict(oversample=3, power_iterations=1, mean=mean)
+    (basis,), _ = two_sided.randomized_bases([x], 2, keys, **sketched)
     return basis
 
   got = jax.vmap(per_worker, axis_name="w")(jnp.stack(xs))

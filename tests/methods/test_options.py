@@ -27,7 +27,8 @@ REQUIRED = {
   "synchronize": dict(inner=optax.adam(1e-2), sync_every=2),
   "in_float32": dict(inner=optax.adam(1e-2)),  # no option of its own
 }
-STRING_OPTIONS_WITHOUT_A_STRING_DEFAULT = ("compression", "init_projection")
+# None for a method's own choice (LoRDO's projection: one-sided or two-sided).
+STRING_OPTIONS_WITHOUT_A_STRING_DEFAULT = ("compression", "init_projection", "projection")
 NOT_AN_OPTION = ("name",)  # synchronize's name for its errors: any string.
 OUT_OF_RANGE = {
   "omega": 1.5,
@@ -130,8 +131,8 @@ def test_the_low_rank_step_takes_the_same_keywords_with_the_same_text(factory):
   shared = [k.name for k in lordo_jax.local._low_rank_adam.STEP_KEYWORDS]
   assert set(shared) <= set(own) and set(shared) <= set(step)
   overridden = {
-    "lordo": {"omega"},
-    "lordo_local_projection": {"omega"},
+    "lordo": {"omega", "projection"},
+    "lordo_local_projection": {"omega", "projection"},
     "low_rank_ddp": {"transport"},
   }.get(factory, set())
   for name in set(shared) - overridden - {"rank"}:

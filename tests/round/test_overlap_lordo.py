@@ -33,7 +33,8 @@ def _run_reference(cfg, overlap, steps, labels=None, compression=None):
 
 
 def _lordo(sync_every, tau, merge, alpha, **options):
-  """``lordo_jax.lordo`` at the tests' rate and rank on the workers, with ``overlap=tau``."""
+  """``lordo_jax.lordo`` at the tests' rate and rank on the workers, with ``overlap=tau``,
+  refreshing by SVD as the reference does."""
   return lordo_jax.lordo(
     LR,
     rank=RANK,
@@ -42,7 +43,7 @@ def _lordo(sync_every, tau, merge, alpha, **options):
     overlap=tau,
     merge=merge,
     merge_alpha=alpha,
-    **options,
+    **({"projection": "svd"} | options),
   )
 
 

@@ -23,7 +23,7 @@ from lordo_jax.local.bases import strategy as strategy_lib
 class DCTBasis:
   """The r DCT-II frequencies a matrix is projected on; the basis is never stored."""
 
-  indices: jax.Array  #: int32[r], ascending.
+  indices: jax.Array  #: int32[r], ascending (leading axes: a batch of matrices).
   size: int = dataclasses.field(metadata=dict(static=True))  #: n, the basis length.
 
 
@@ -49,17 +49,18 @@ def _product_mod(a: jax.Array, b: jax.Array, modulus: int) -> jax.Array:
 
 
 def dct_columns(indices: jax.Array, size: int) -> jax.Array:
-  r"""Columns ``indices`` of the orthonormal ``size x size`` DCT-II basis, float32.
+  r"""Columns ``indices`` of the orthonormal ``size x size`` DCT-II basis, float32
+  (``(..., size, r)`` for a batch of index vectors).
 
   Entry ``(i, j)`` is :math:`\sqrt{2/n}\, c_j \cos(\pi (2i + 1) j / (2n))`. The
   angle is reduced modulo :math:`2\pi` in integer arithmetic, and its cosine read
   from a table built once per size, so every entry is the float64 value rounded once.
   """
   rows = jnp.arange(size, dtype=jnp.int32)[:, None]
-  phase = _product_mod(2 * rows + 1, indices[None, :].astype(jnp.int32), 4 * size)
+  phase = _product_mod(2 * rows + 1, indices[..., None, :].astype(jnp.int32), 4 * size)
   columns = jnp.asarray(_cosine_table(size))[phase]
   scale = jnp.where(indices == 0, math.sqrt(1.0 / size), math.sqrt(2.0 / size))
-  return columns * scale[None, :].astype(jnp.float32)
+  return columns * scale[..., None, :].astype(jnp.float32)
 
 
 _SCORE_BLOCK = 256  # DCT frequencies scored per product in a refresh.
@@ -69,19 +70,21 @@ def scores(x: jax.Array, left: bool) -> jax.Array:
   r""":math:`\lVert B_j^\top X \rVert_2` for every frequency j (``X B_j`` on the right).
 
   Blocks of 256 columns of B at a time, so a refresh holds ``n x 256`` floats of the
-  basis, never all ``n x n`` (38 MB at n = 3072, 10 GB at n = 50257).
+  basis, never all ``n x n`` (38 MB at n = 3072, 10 GB at n = 50257). Leading axes of
+  ``x`` are a batch of matrices, scored at once.
   """
-  size = x.shape[0] if left else x.shape[1]
+  size = x.shape[-2] if left else x.shape[-1]
 
   def block(start):
     frequencies = jnp.minimum(start + jnp.arange(_SCORE_BLOCK, dtype=jnp.int32), size - 1)
     columns = dct_columns(frequencies, size)
     if left:
-      return jnp.linalg.norm(columns.T @ x, axis=1)
-    return jnp.linalg.norm(x @ columns, axis=0)
+      return jnp.linalg.norm(columns.T @ x, axis=-1)
+    return jnp.linalg.norm(x @ columns, axis=-2)
 
   starts = jnp.arange(-(-size // _SCORE_BLOCK), dtype=jnp.int32) * _SCORE_BLOCK
-  return jax.lax.map(block, starts).reshape(-1)[:size]
+  blocks = jnp.moveaxis(jax.lax.map(block, starts), 0, -2)  # (..., blocks, 256)
+  return blocks.reshape(*x.shape[:-2], -1)[..., :size]
 
 
 def init(size: int, rank: int):
@@ -103,8 +106,8 @@ def compute(rank: int, left: bool):
     del key
     all_scores = scores(x.astype(jnp.float32), left)
     _, best = jax.lax.top_k(all_scores, rank)
-    ok = jnp.all(jnp.isfinite(all_scores))
-    kept = jnp.where(ok, jnp.sort(best).astype(jnp.int32), previous.indices)
+    ok = jnp.all(jnp.isfinite(all_scores), axis=-1)
+    kept = jnp.where(ok[..., None], jnp.sort(best, axis=-1).astype(jnp.int32), previous.indices)
     return DCTBasis(kept, previous.size), ok
 
   return compute_fn
@@ -112,7 +115,7 @@ def compute(rank: int, left: bool):
 
 def overlap(new: DCTBasis, old: DCTBasis) -> jax.Array:
   """The 0/1 matrix of equal frequencies: exactly :math:`B_\\text{new}^\\top B_\\text{old}`."""
-  return (new.indices[:, None] == old.indices[None, :]).astype(jnp.float32)
+  return (new.indices[..., :, None] == old.indices[..., None, :]).astype(jnp.float32)
 
 
 def method(options: strategy_lib.Options) -> strategy_lib.Method:

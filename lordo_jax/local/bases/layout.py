@@ -1,12 +1,11 @@
 r"""Matrices sharded over a mesh's ``Explicit`` axes: whole where an op needs it, and
 state laid out like them.
 
-:func:`whole` gathers an operand that a LAPACK-backed op refuses sharded (its docstring
-says when), :func:`product` multiplies sharded matrices, summing a split inner
-dimension inside the worker group, and :func:`orthonormal` is a QR that needs no gather
-of a row-split ``n x r`` factor (shifted Cholesky-QR). :func:`spec_of` reads the axes
-each dimension is split over from the type, and :func:`zeros` makes a state buffer
-split the same way, so that ``tx.init`` of a sharded parameter gives state sharded like it.
+:func:`whole` gathers an operand that a LAPACK-backed op refuses sharded,
+:func:`product` multiplies (batches of) sharded matrices, summing a split inner dimension
+inside the worker group, and :func:`orthonormal` is a batched QR of products and ``r x r``
+Cholesky factorizations, which never gathers a row-split factor. :func:`spec_of` reads
+the axes each dimension is split over, and :func:`zeros` makes state split the same way.
 """
 
 import math
@@ -35,6 +34,54 @@ def whole(x: jax.Array) -> jax.Array:
   if not is_sharded(x):
     return x
   return jax.sharding.reshard(x, PartitionSpec())
+
+
+# Before 0.12, jaxlib's CPU LAPACK kernels spread a batch of matrices over the thread
+# pool they run on and wait for it: two batched calls at once (XLA runs independent ones
+# concurrently, and a program of several devices runs one per device) can leave no
+# thread to do the work, and the program hangs.
+_CPU_BATCHES_HANG = jax.__version_info__ < (0, 12)
+
+
+def _batched(solver):
+  """``solver`` (a function of matrices with the same leading batch axes) as one
+  batched call; on the CPU of jaxlib before 0.12, one matrix at a time in a loop
+  (``lax.map``), whose unbatched LAPACK calls never wait on the thread pool."""
+
+  def call(*xs):
+    if xs[0].ndim == 2 or not _CPU_BATCHES_HANG:
+      return solver(*xs)
+
+    def looped(*xs):
+      batch = xs[0].shape[:-2]
+      flat = [x.reshape(-1, *x.shape[len(batch) :]) for x in xs]
+      out = jax.lax.map(lambda args: solver(*args), flat)
+      return jax.tree.map(lambda y: y.reshape(*batch, *y.shape[1:]), out)
+
+    return jax.lax.platform_dependent(*xs, cpu=looped, default=solver)
+
+  return call
+
+
+_thin_svd = _batched(lambda x: tuple(jnp.linalg.svd(x, full_matrices=False)))
+_householder_q = _batched(lambda y: jnp.linalg.qr(y)[0])
+_cholesky = _batched(jnp.linalg.cholesky)
+# L^{-1} of a lower-triangular r x r L: a solve against the identity, r x r only.
+_inverse_lower = _batched(
+  lambda lower: jax.lax.linalg.triangular_solve(
+    lower,
+    jnp.broadcast_to(jnp.eye(lower.shape[-1], dtype=lower.dtype), lower.shape),
+    left_side=True,
+    lower=True,
+  )
+)
+
+
+def svd(x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """The thin SVD ``(U, s, V^T)`` of each matrix of ``x`` (leading axes: a batch), made
+  whole first (:func:`whole`): one batched solver call (a loop on the CPU of jaxlib
+  before 0.12, whose batched LAPACK calls can hang)."""
+  return _thin_svd(whole(x))
 
 
 def split_rows(rows: int, matrix: jax.Array) -> tuple | None:
@@ -78,60 +125,139 @@ def zeros(shape: tuple[int, ...], dtype, spec: tuple, like: jax.Array) -> jax.Ar
   )
 
 
-def product(a: jax.Array, b: jax.Array) -> jax.Array:
-  """``a @ b``; where both split their inner dimension over the same mesh axis, the
-  partial products are summed inside the worker group (an all-reduce of the result,
-  never a gather of an operand)."""
-  rows, inner, cols = spec_of(a)[0], spec_of(a)[1], spec_of(b)[1]
-  if inner is None or inner != spec_of(b)[0]:
-    return a @ b
-  return jnp.matmul(a, b, out_sharding=PartitionSpec(rows, None if cols == rows else cols))
+def _contracting_as(small: jax.Array, axes, dim: int) -> jax.Array:
+  """``small`` with its matrix dimension ``dim`` (-2 or -1) split over ``axes``, as the
+  other operand's contracting dimension is (its other dimension whole where it used them)."""
+  spec = list(spec_of(small))
+  if spec[dim] == axes:
+    return small
+  other = -1 if dim == -2 else -2
+  spec[dim], spec[other] = axes, None if spec[other] == axes else spec[other]
+  return jax.sharding.reshard(small, PartitionSpec(*spec))
 
 
-def orthonormal(y: jax.Array) -> jax.Array:
-  r"""An orthonormal basis of the columns of the ``n x r`` matrix ``y``: its QR's Q.
+def product(a: jax.Array, b: jax.Array, precision=None) -> jax.Array:
+  """``a @ b`` over any leading batch axes; where both split their inner dimension over
+  the same mesh axis, the partial products are summed inside the worker group (an
+  all-reduce of the result, never a gather of an operand). Where they split it
+  differently (tensor parallelism beside FSDP), the smaller operand (a thin factor) is
+  laid out as the larger one's, never the matrix. ``precision`` is ``jnp.matmul``'s."""
+  if (is_sharded(a) or is_sharded(b)) and spec_of(a)[-1] != spec_of(b)[-2]:
+    if a.size <= b.size:
+      a = _contracting_as(a, spec_of(b)[-2], -1)
+    else:
+      b = _contracting_as(b, spec_of(a)[-1], -2)
+  spec_a, spec_b = spec_of(a), spec_of(b)
+  rows, inner, cols = spec_a[-2], spec_a[-1], spec_b[-1]
+  if inner is None or inner != spec_b[-2]:
+    return jnp.matmul(a, b, precision=precision)
+  batch = (spec_a if a.ndim >= b.ndim else spec_b)[:-2]
+  out = PartitionSpec(*batch, rows, None if cols == rows else cols)
+  return jnp.matmul(a, b, precision=precision, out_sharding=out)
 
-  An unsplit ``y`` takes LAPACK's Householder QR. A ``y`` split by rows takes shifted
-  Cholesky-QR instead (Fukaya et al., 2020), made of products and ``r x r``
-  factorizations only: two passes on the Gram shifted by
-  :math:`s = 11 (n r + r (r + 1))\, u\, \lVert Y \rVert_F^2` (u the unit roundoff),
-  each of which is defined whatever the conditioning and multiplies the condition
-  number by about :math:`(s / \lVert Y \rVert_F^2)^{1/2}`, then two plain passes that restore
+
+# A basis whose columns are further than this from orthonormal, max |Q^T Q - I|, is a
+# failed orthonormalisation (a good one in float32 is near 1e-6, Householder's n u at worst).
+ORTHONORMALITY_TOLERANCE = 1e-3
+_EXACT = jax.lax.Precision.HIGHEST  # Grams and solves: no TF32 / bf16 passes on accelerators.
+
+
+def orthonormal(y: jax.Array) -> tuple[jax.Array, jax.Array]:
+  r"""``(Q, ok)``: an orthonormal basis of the columns of each ``n x r`` matrix of ``y``.
+
+  ``y`` is ``(..., n, r)``: every leading axis is a batch of matrices, handled in one
+  batched computation of matrix products and ``r x r`` Cholesky factorizations (shifted
+  Cholesky-QR, Fukaya et al., 2020), never a loop of Householder QRs (which an
+  accelerator's solver library runs one matrix at a time). Two passes on the Gram
+  shifted by :math:`s = (\sqrt n + r)\, u\, \lVert Y \rVert_F^2` (u the unit roundoff),
+  each of which multiplies the condition number by about
+  :math:`(s / \lVert Y \rVert_2^2)^{1/2}`, then two plain passes that restore
   orthogonality (a plain Cholesky-QR breaks down beyond condition number
-  :math:`u^{-1/2}`, some :math:`4 \cdot 10^3` in float32; this one holds to
-  :math:`10^6`, ``tests/local/test_basis_layout.py``):
+  :math:`u^{-1/2}`, some :math:`4 \cdot 10^3` in float32):
 
   .. math::
     R_{k+1} = \mathrm{chol}(Q_k^\top Q_k + s_k I)^\top,\ Q_{k+1} = Q_k R_{k+1}^{-1},
     \qquad Q_0 = Y,\ s_0, s_1 > 0,\ s_2 = s_3 = 0.
 
+  The shift is the Gram's typical rounding error, not Fukaya et al.'s worst-case
+  bound :math:`11 (n r + r (r + 1))\, u\, \lVert Y \rVert_2^2`, which at GPT-2's
+  ``3072 x 192`` is 40% of the Gram and leaves the condition number where it was; with
+  it the passes hold to condition number :math:`10^7` in float32 at every size tested
+  (``tests/local/test_basis_layout.py``), and a breakdown beyond is caught below.
+
   Each pass multiplies by the inverse of an upper-triangular matrix with a positive
   diagonal, so Q is the thin QR's Q of ``y`` (positive diagonal of R), up to rounding;
-  after :func:`~lordo_jax.local.bases.strategy.canonical_signs`, the same basis.
+  after :func:`~lordo_jax.local.bases.strategy.canonical_signs`, the same basis as a
+  Householder QR's. Grams and solves run at ``HIGHEST`` precision.
+
+  (On the CPU of jaxlib before 0.12 the factorizations of a batch run one matrix at a
+  time in a loop: its batched LAPACK calls can hang.)
+
+  A matrix whose result is not finite or not orthonormal to
+  :data:`ORTHONORMALITY_TOLERANCE` (rank-deficient, zero, or conditioned beyond
+  :math:`10^7`) falls back, alone, to Householder QR, inside a ``lax.cond`` that runs
+  only when some matrix failed; ``ok`` (one per matrix, shaped like the batch) is then
+  true wherever the result is finite. A ``y`` split by rows over a mesh axis (FSDP)
+  has no fallback, which would gather it: ``ok`` is false where Cholesky-QR failed,
+  and the caller keeps its previous basis there.
 
   References:
     Fukaya, Kannan, Nakatsukasa, Yamamoto and Yanagisawa, Shifted Cholesky QR for
     computing the QR factorization of ill-conditioned matrices, SIAM J. Sci. Comput.
     42(1), 2020 (arXiv 1809.11085).
   """
-  if not is_sharded(y):
-    return jnp.linalg.qr(y)[0]
-  n, r = y.shape
+  q = cholesky_qr(y)
+  ok = orthonormality_error(q) < ORTHONORMALITY_TOLERANCE
+  if is_sharded(y):
+    return q, ok
+
+  def householder_where_failed():
+    return jnp.where(ok[..., None, None], q, _householder_q(y))
+
+  q = jax.lax.cond(jnp.all(ok), lambda: q, householder_where_failed)
+  return q, jnp.all(jnp.isfinite(q), axis=(-2, -1))
+
+
+def _columns_whole(y: jax.Array) -> jax.Array:
+  """``y`` with its last (r) dimension whole: split only by rows, so that its ``r x r``
+  Gram is the same on every device (a few columns gathered, never a matrix)."""
+  spec = spec_of(y)
+  if not is_sharded(y) or spec[-1] is None:
+    return y
+  return jax.sharding.reshard(y, PartitionSpec(*spec[:-1], None))
+
+
+def cholesky_qr(y: jax.Array) -> jax.Array:
+  """The shifted Cholesky-QR passes of :func:`orthonormal`, with no check or fallback
+  (NaN where a factorization failed)."""
+  y = _columns_whole(y)
+  n, r = y.shape[-2:]
   unit_roundoff = jnp.finfo(y.dtype).eps / 2
+  eye = jnp.eye(r, dtype=y.dtype)
   for shifted in (True, True, False, False):
-    gram = product(y.T, y)
+    gram = product(jnp.matrix_transpose(y), y, precision=_EXACT)
     if shifted:
-      shift = 11 * (n * r + r * (r + 1)) * unit_roundoff * jnp.trace(gram)
-      gram = gram + shift * jnp.eye(r, dtype=gram.dtype)
-    upper = jnp.linalg.cholesky(gram).T
-    y = jax.scipy.linalg.solve_triangular(upper.T, y.T, lower=True).T
+      trace = jnp.trace(gram, axis1=-2, axis2=-1)[..., None, None]
+      gram = gram + (math.sqrt(n) + r) * unit_roundoff * trace * eye
+    # Y R^{-1} with R = L^T: a product with the r x r inverse, not a triangular solve
+    # against the n x r factor (an accelerator's BLAS runs products far faster).
+    y = product(y, jnp.matrix_transpose(_inverse_lower(_cholesky(gram))), precision=_EXACT)
   return y
 
 
+def orthonormality_error(q: jax.Array) -> jax.Array:
+  r""":math:`\max |Q^\top Q - I|` of each ``n x r`` matrix of ``q`` (NaN stays NaN,
+  so a comparison with it is false)."""
+  q = _columns_whole(q)
+  gram = product(jnp.matrix_transpose(q), q, precision=_EXACT)
+  error = jnp.abs(gram - jnp.eye(q.shape[-1], dtype=q.dtype))
+  return jnp.max(jnp.where(jnp.isnan(error), jnp.inf, error), axis=(-2, -1))
+
+
 def row_indices(x: jax.Array) -> jax.Array:
-  """``i`` at every ``(i, j)`` of the matrix ``x``, int32, split like ``x``."""
+  """``i`` at every ``(..., i, j)`` of the matrices ``x``, int32, split like ``x``."""
   sharding = jax.typeof(x).sharding if is_sharded(x) else None
-  return jax.lax.broadcasted_iota(jnp.int32, x.shape, 0, out_sharding=sharding)
+  return jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 2, out_sharding=sharding)
 
 
 def like(x: jax.Array, reference: jax.Array) -> jax.Array:

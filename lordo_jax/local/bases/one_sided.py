@@ -53,7 +53,7 @@ def strategy(
   compute,
   exact=None,
   dense=layout.whole,
-  overlap=lambda new, old: layout.whole(new).T @ layout.whole(old),
+  overlap=lambda new, old: jnp.matrix_transpose(layout.whole(new)) @ layout.whole(old),
   stored_split: bool = True,
 ) -> strategy_lib.BasisStrategy:
   r"""The one-sided :class:`~lordo_jax.local.bases.strategy.BasisStrategy` of a ``p x q`` matrix.
@@ -78,14 +78,15 @@ def strategy(
   gathers a parameter), so the state shrinks with the worker group as the matrix
   does.
   """
+  transposed = jnp.matrix_transpose  # Of each matrix of a batch.
   if left:
-    project = lambda basis, matrix: basis.T @ matrix  # noqa: E731
+    project = lambda basis, matrix: transposed(basis) @ matrix  # noqa: E731
     unproject = lambda basis, coordinates: basis @ coordinates  # noqa: E731
     carry = lambda rotation, coordinates: rotation @ coordinates  # noqa: E731
   else:
     project = lambda basis, matrix: matrix @ basis  # noqa: E731
-    unproject = lambda basis, coordinates: coordinates @ basis.T  # noqa: E731
-    carry = lambda rotation, coordinates: (rotation @ coordinates.T).T  # noqa: E731
+    unproject = lambda basis, coordinates: coordinates @ transposed(basis)  # noqa: E731
+    carry = lambda rotation, coordinates: transposed(rotation @ transposed(coordinates))  # noqa: E731
   return strategy_lib.StrategyFunctions(
     init=init,
     compute=compute,

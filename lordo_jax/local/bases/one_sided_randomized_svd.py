@@ -72,14 +72,16 @@ def one_sided_bases(
       matrices themselves. One call per pass, so all matrices share each message.
 
   Returns:
-    One float32 Q per matrix, canonical signs (not yet checked for finiteness).
+    ``(bases, oks)``: one float32 Q per matrix, canonical signs (not yet checked for
+    finiteness), and the ``ok`` of its orthonormalisations. Leading axes of a matrix
+    (and of its key) are a batch, computed at once.
 
   Examples:
     >>> import jax, jax.numpy as jnp
     >>> column = jnp.arange(1.0, 7.0)
     >>> x = jnp.outer(column, jnp.ones(4))  # rank 1: Q is the normalised column
     >>> keys = [jax.random.key(0)]
-    >>> (q,) = one_sided_bases([x], 1, keys, [True], oversample=2, power_iterations=1)
+    >>> (q,), _ = one_sided_bases([x], 1, keys, [True], oversample=2, power_iterations=1)
     >>> bool(jnp.allclose(q[:, 0], column / jnp.linalg.norm(column), atol=1e-5))
     True
 
@@ -89,7 +91,7 @@ def one_sided_bases(
   """
   xs = [x.astype(jnp.float32) for x in matrices]
   sketched = dict(rank=rank, oversample=oversample, power_iterations=power_iterations, mean=mean)
-  qs = randomized_svd.ranges(xs, keys, lefts, **sketched)
+  qs, oks = randomized_svd.ranges(xs, keys, lefts, **sketched)
   # The transposed core B^T = X^T Q_l (left) or X Q_l (right), n' x l: its right
   # singular vectors are U_B.
   transposed_cores = mean(
@@ -97,9 +99,9 @@ def one_sided_bases(
   )
   bases = []
   for q, core in zip(qs, transposed_cores, strict=True):
-    vh = jnp.linalg.svd(layout.whole(core), full_matrices=False)[2]  # Gathers n' x l at most.
-    bases.append(strategy_lib.canonical_signs(q @ vh[:rank].T))
-  return bases
+    vh = layout.svd(core)[2]  # Gathers n' x l at most.
+    bases.append(strategy_lib.canonical_signs(q @ jnp.matrix_transpose(vh[..., :rank, :])))
+  return bases, oks
 
 
 def method(options: strategy_lib.Options) -> strategy_lib.Method:
@@ -108,8 +110,8 @@ def method(options: strategy_lib.Options) -> strategy_lib.Method:
 
   def compute(left: bool):
     def compute_fn(x, previous, key):
-      (basis,) = one_sided_bases([x], options.rank, [key], [left], **sketched)
-      return strategy_lib.checked(basis, previous)
+      (basis,), (ok,) = one_sided_bases([x], options.rank, [key], [left], **sketched)
+      return strategy_lib.checked(basis, previous, x.ndim - 2, ok)
 
     return compute_fn
 
@@ -117,7 +119,8 @@ def method(options: strategy_lib.Options) -> strategy_lib.Method:
     """The bases of the mean, from averaged products; the first is like any other."""
     del first
     lefts = [s.side == "left" for s in strategies]
-    bases = one_sided_bases(matrices, options.rank, keys, lefts, mean=mean, **sketched)
-    return [strategy_lib.checked(b, p) for b, p in zip(bases, previous, strict=True)]
+    bases, oks = one_sided_bases(matrices, options.rank, keys, lefts, mean=mean, **sketched)
+    entries = zip(bases, previous, matrices, oks, strict=True)
+    return [strategy_lib.checked(b, p, x.ndim - 2, ok) for b, p, x, ok in entries]
 
   return one_sided.dense_method(options, compute)._replace(bases_of_mean=bases_of_mean)

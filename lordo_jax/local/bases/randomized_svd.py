@@ -21,7 +21,13 @@ def sketch_width(shape: tuple[int, int], rank: int, oversample: int) -> int:
 
 def times(x: jax.Array, y: jax.Array, left: bool) -> jax.Array:
   """:math:`X Y` (``left``) or :math:`X^\\top Y`, never gathering a split X."""
-  return layout.product(x, y) if left else layout.product(x.T, y)
+  return layout.product(x, y) if left else layout.product(jnp.matrix_transpose(x), y)
+
+
+def gaussian(keys: jax.Array, shape: tuple[int, int]) -> jax.Array:
+  """A standard normal float32 matrix of ``shape`` per key (``keys``: one, or a batch)."""
+  draw = jax.vmap(lambda key: jax.random.normal(key, shape, jnp.float32))
+  return draw(jnp.reshape(keys, (-1,))).reshape(*jnp.shape(keys), *shape)
 
 
 def ranges(
@@ -56,27 +62,32 @@ def ranges(
     mean: applied to each list of products with the matrices (one call per pass).
 
   Returns:
-    One Q per matrix, split by rows where the products are.
+    ``(qs, oks)``: one Q per matrix, split by rows where the products are, and one
+    ``ok`` per matrix, false where an orthonormalisation failed. Leading axes of a
+    matrix (and of its key) are a batch, sketched at once.
   """
 
   def sketch(x: jax.Array, key: jax.Array, left: bool) -> jax.Array:
     """Omega: Gaussian, ``q x l`` on the left, ``p x l`` on the right."""
-    width = sketch_width(x.shape, rank, oversample)
-    return jax.random.normal(key, (x.shape[1] if left else x.shape[0], width), jnp.float32)
+    width = sketch_width(x.shape[-2:], rank, oversample)
+    return gaussian(key, (x.shape[-1] if left else x.shape[-2], width))
+
+  oks = [True] * len(matrices)
 
   def orthonormal_products(factors: list[jax.Array], flip: bool) -> list[jax.Array]:
     """orth(mean(X F)) per matrix on the left, orth(mean(X^T F)) on the right (or,
     with ``flip``, the other way round)."""
     pairs = zip(matrices, factors, lefts, strict=True)
-    return [
-      layout.orthonormal(y) for y in mean([times(x, f, left != flip) for x, f, left in pairs])
-    ]
+    products = mean([times(x, f, left != flip) for x, f, left in pairs])
+    results = [layout.orthonormal(y) for y in products]
+    oks[:] = [ok & new_ok for ok, (_, new_ok) in zip(oks, results, strict=True)]
+    return [q for q, _ in results]
 
   sketches = [sketch(x, key, left) for x, key, left in zip(matrices, keys, lefts, strict=True)]
   qs = orthonormal_products(sketches, False)
   for _ in range(power_iterations):
     qs = orthonormal_products(orthonormal_products(qs, True), False)
-  return qs
+  return qs, oks
 
 
 def randomized_bases(
@@ -122,8 +133,8 @@ def randomized_bases(
       matrices themselves. One call per pass, so all matrices share each message.
 
   Returns:
-    One :class:`~lordo_jax.local.bases.two_sided.TwoSidedBasis` per matrix (not yet
-    checked for finiteness).
+    ``(bases, oks)``: one :class:`~lordo_jax.local.bases.two_sided.TwoSidedBasis` per
+    matrix (not yet checked for finiteness), and the ``ok`` of its orthonormalisations.
 
   References:
     Halko, Martinsson and Tropp, Finding structure with randomness, 2011
@@ -131,18 +142,18 @@ def randomized_bases(
   """
   xs = [x.astype(jnp.float32) for x in matrices]
   sketched = dict(rank=rank, oversample=oversample, power_iterations=power_iterations, mean=mean)
-  qs = ranges(xs, keys, [True] * len(xs), **sketched)
-  cores = mean([layout.product(q.T, x) for x, q in zip(xs, qs, strict=True)])
+  qs, oks = ranges(xs, keys, [True] * len(xs), **sketched)
+  cores = mean([layout.product(jnp.matrix_transpose(q), x) for x, q in zip(xs, qs, strict=True)])
   bases = []
   for q, b in zip(qs, cores, strict=True):
-    u, _, vh = jnp.linalg.svd(layout.whole(b), full_matrices=False)  # l x q: small.
+    u, _, vh = layout.svd(b)  # l x q: small.
     bases.append(
       two_sided.TwoSidedBasis(
-        strategy_lib.canonical_signs(q @ u[:, :rank]),
-        strategy_lib.canonical_signs(vh[:rank].T),
+        strategy_lib.canonical_signs(q @ u[..., :rank]),
+        strategy_lib.canonical_signs(jnp.matrix_transpose(vh[..., :rank, :])),
       )
     )
-  return bases
+  return bases, oks
 
 
 def method(options: strategy_lib.Options) -> strategy_lib.Method:
@@ -150,8 +161,8 @@ def method(options: strategy_lib.Options) -> strategy_lib.Method:
   sketched = dict(oversample=options.oversample, power_iterations=options.power_iterations)
 
   def compute(x, previous, key):
-    (basis,) = randomized_bases([x], options.rank, [key], **sketched)
-    return strategy_lib.checked(basis, previous)
+    (basis,), (ok,) = randomized_bases([x], options.rank, [key], **sketched)
+    return strategy_lib.checked(basis, previous, x.ndim - 2, ok)
 
   def make(p: int, q: int) -> strategy_lib.BasisStrategy:
     return two_sided.strategy(p, q, options.rank, compute)
@@ -159,7 +170,8 @@ def method(options: strategy_lib.Options) -> strategy_lib.Method:
   def bases_of_mean(strategies, matrices, previous, keys, first, mean):
     """The bases of the mean, from averaged sketches; the first is like any other."""
     del strategies, first
-    bases = randomized_bases(matrices, options.rank, keys, mean=mean, **sketched)
-    return [strategy_lib.checked(b, p) for b, p in zip(bases, previous, strict=True)]
+    bases, oks = randomized_bases(matrices, options.rank, keys, mean=mean, **sketched)
+    entries = zip(bases, previous, matrices, oks, strict=True)
+    return [strategy_lib.checked(b, p, x.ndim - 2, ok) for b, p, x, ok in entries]
 
   return strategy_lib.MethodFunctions(make, bases_of_mean)

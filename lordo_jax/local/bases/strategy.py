@@ -42,9 +42,13 @@ class BasisStrategy(Protocol):
   does). Adding a projection method is adding one file that returns a
   :class:`Method`, and one line in :mod:`lordo_jax.local.bases`.
 
-  Every refresh keeps the previous basis where its result is not finite
-  (``ok=False``). Bases have canonical signs: each column's largest-magnitude entry is
-  positive, so every worker and any reference agree on the basis, not only its span.
+  Every member also takes a batch: leading axes before the matrix's two (a stack of
+  same-shape matrices, a transformer's layers), handled in one batched computation;
+  ``compute`` then takes one key per matrix (an array of keys shaped like the batch)
+  and returns one ``ok`` per matrix. Every refresh keeps the previous basis where its
+  result is not finite (``ok=False``). Bases have canonical signs: each column's
+  largest-magnitude entry is positive, so every worker and any reference agree on the
+  basis, not only its span.
 
   Implemented by :class:`StrategyFunctions` (one per matrix, made by a
   :class:`Method`). ``exact`` is ``None`` or, for a run's first basis, a ``compute``
@@ -59,7 +63,8 @@ class BasisStrategy(Protocol):
     """A random basis from ``key``; with ``None``, a placeholder replaced before use."""
 
   def compute(self, matrix: jax.Array, previous: Basis, key) -> tuple[Basis, jax.Array]:
-    """``(basis, ok)``: a refresh from ``matrix``, warm-started from ``previous``."""
+    """``(basis, ok)``: a refresh from ``matrix``, warm-started from ``previous``; ``key``
+    (one per matrix) is ``None`` for a method that draws nothing."""
 
   def dense(self, basis: Basis) -> Any:
     """The form :meth:`project` and :meth:`unproject` take (formed once a step)."""
@@ -134,24 +139,30 @@ class Options(NamedTuple):
 
 
 def canonical_signs(q: jax.Array) -> jax.Array:
-  """Flips each column of ``q`` so that its largest-magnitude entry is positive."""
-  rows = jnp.argmax(jnp.abs(q), axis=0)
+  """Flips each column of each ``n x r`` matrix of ``q`` (leading axes: a batch) so
+  that its largest-magnitude entry is positive."""
+  rows = jnp.argmax(jnp.abs(q), axis=-2)
   # The pivot of each column as a masked sum, not a gather: q may be split by rows.
-  at_pivot = layout.row_indices(q) == rows[None, :]
-  pivots = jnp.sum(q * at_pivot.astype(q.dtype), axis=0)
+  at_pivot = layout.row_indices(q) == rows[..., None, :]
+  pivots = jnp.sum(q * at_pivot.astype(q.dtype), axis=-2, keepdims=True)
   return q * jnp.where(pivots < 0, -1.0, 1.0).astype(q.dtype)
 
 
-def checked(basis: Any, previous: Any) -> tuple[Any, jax.Array]:
-  """``(basis, ok)``: ``ok`` is true where every entry is finite; else ``previous``.
+def checked(basis: Any, previous: Any, batch_ndim: int = 0, ok=True) -> tuple[Any, jax.Array]:
+  """``(basis, ok)``, one ``ok`` per matrix: true where the given ``ok`` holds and every
+  entry of the matrix's basis is finite; elsewhere the matrix keeps ``previous``.
 
-  The basis is laid out as ``previous`` is (its sharding over ``Explicit`` mesh axes).
+  The first ``batch_ndim`` axes of every leaf are a batch of matrices (``ok`` is shaped
+  like them). The basis is laid out as ``previous`` is (its sharding over ``Explicit``
+  mesh axes).
   """
-  finite = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(basis)]
-  ok = finite[0]
-  for more in finite[1:]:
-    ok = ok & more
-  kept = lambda new, old: jnp.where(ok, layout.like(new, old), old)  # noqa: E731
+  for x in jax.tree.leaves(basis):
+    ok = ok & jnp.all(jnp.isfinite(x), axis=tuple(range(batch_ndim, x.ndim)))
+
+  def kept(new, old):
+    where = jnp.reshape(ok, ok.shape + (1,) * (new.ndim - batch_ndim))
+    return jnp.where(where, layout.like(new, old), old)
+
   return jax.tree.map(kept, basis, previous), ok
 
 
@@ -173,6 +184,7 @@ def bases_of_mean(strategies, matrices, previous, keys, first, mean: Mean) -> li
 
   The default of :attr:`Method.bases_of_mean`: one ``mean`` of all the matrices, then
   each basis from its averaged matrix. ``mean`` may be the identity (a local refresh).
+  Each entry may be a batch of matrices of one shape (leading axes), computed at once.
   """
   averaged = mean(matrices)
   return [

@@ -21,12 +21,14 @@ def top_singular_vectors(x: jax.Array, rank: int, left: bool) -> jax.Array:
     \ \text{(right)}
 
   ordered by singular value, with canonical signs, in float32 whatever the parameter
-  dtype (:func:`compute` casts ``x``). The right case takes the right singular vectors
+  dtype (:func:`compute` casts ``x``). Leading axes of ``x`` are a batch of matrices,
+  decomposed in one batched call. The right case takes the right singular vectors
   of X itself, not the left ones of its transpose (a transpose inside the caller's sync
   branch made XLA copy whole matrices on every local step).
   """
-  u, _, vh = jnp.linalg.svd(layout.whole(x), full_matrices=False)  # Gathers a split x.
-  return strategy_lib.canonical_signs(u[:, :rank] if left else vh[:rank].T)
+  u, _, vh = layout.svd(x)  # Gathers a split x.
+  q = u[..., :rank] if left else jnp.matrix_transpose(vh[..., :rank, :])
+  return strategy_lib.canonical_signs(q)
 
 
 def compute(rank: int, left: bool):
@@ -34,7 +36,8 @@ def compute(rank: int, left: bool):
 
   def compute_fn(x, previous, key):
     del key
-    return strategy_lib.checked(top_singular_vectors(x.astype(jnp.float32), rank, left), previous)
+    basis = top_singular_vectors(x.astype(jnp.float32), rank, left)
+    return strategy_lib.checked(basis, previous, x.ndim - 2)
 
   return compute_fn
 

@@ -24,22 +24,23 @@ class TwoSidedBasis(NamedTuple):
 
 def project(basis: TwoSidedBasis, matrix: jax.Array) -> jax.Array:
   """The ``r x r`` core :math:`U^\\top A V`."""
-  return basis.left.T @ matrix @ basis.right
+  return jnp.matrix_transpose(basis.left) @ matrix @ basis.right
 
 
 def unproject(basis: TwoSidedBasis, core: jax.Array) -> jax.Array:
   """Back to ``p x q``: :math:`U C V^\\top`."""
-  return basis.left @ core @ basis.right.T
+  return basis.left @ core @ jnp.matrix_transpose(basis.right)
 
 
 def overlap(new: TwoSidedBasis, old: TwoSidedBasis) -> TwoSidedBasis:
   """:math:`(R_U, R_V) = (U_\\text{new}^\\top U_\\text{old}, V_\\text{new}^\\top V_\\text{old})`."""
-  return TwoSidedBasis(new.left.T @ old.left, new.right.T @ old.right)
+  transposed = jnp.matrix_transpose
+  return TwoSidedBasis(transposed(new.left) @ old.left, transposed(new.right) @ old.right)
 
 
 def carry(rotation: TwoSidedBasis, core: jax.Array) -> jax.Array:
   """:math:`R_U C R_V^\\top`."""
-  return rotation.left @ core @ rotation.right.T
+  return rotation.left @ core @ jnp.matrix_transpose(rotation.right)
 
 
 def init(p: int, q: int, rank: int):

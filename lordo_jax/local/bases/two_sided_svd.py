@@ -16,9 +16,10 @@ from lordo_jax.local.bases import two_sided
 
 def top_singular_vectors(x: jax.Array, rank: int) -> two_sided.TwoSidedBasis:
   """The top-r left and right singular vectors of X, canonical signs each."""
-  u, _, vh = jnp.linalg.svd(layout.whole(x).astype(jnp.float32), full_matrices=False)
+  u, _, vh = layout.svd(x.astype(jnp.float32))
   return two_sided.TwoSidedBasis(
-    strategy_lib.canonical_signs(u[:, :rank]), strategy_lib.canonical_signs(vh[:rank].T)
+    strategy_lib.canonical_signs(u[..., :rank]),
+    strategy_lib.canonical_signs(jnp.matrix_transpose(vh[..., :rank, :])),
   )
 
 
@@ -27,7 +28,7 @@ def method(options: strategy_lib.Options) -> strategy_lib.Method:
 
   def compute(x, previous, key):
     del key
-    return strategy_lib.checked(top_singular_vectors(x, options.rank), previous)
+    return strategy_lib.checked(top_singular_vectors(x, options.rank), previous, x.ndim - 2)
 
   def make(p: int, q: int) -> strategy_lib.BasisStrategy:
     return two_sided.strategy(p, q, options.rank, compute)

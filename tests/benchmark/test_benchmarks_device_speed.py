@@ -1,0 +1,187 @@
+"""benchmarks/device_speed.py in quick mode, in a subprocess, on two CPU devices.
+
+The script runs as a user runs it (``python benchmarks/device_speed.py --quick``, with
+``--out`` a temporary folder), with two devices present (it uses the first). The checks
+read its JSON and markdown: every expected row is there (AdamW, GaLore, DDP, low-rank
+DDP and LoRDO with every one-sided projection, in both dtypes), every time is positive
+and finite, the amortised times and the ratios are what the JSON's own medians give,
+LoRDO synced once per round, the offloaded anchor left the device for the host, and the
+bfloat16 states differ from the float32 ones by exactly the parameters' copies; and
+run_all.py runs it. No timing threshold: a benchmark on a shared machine is not a timed
+test.
+"""
+
+import json
+import math
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from lordo_jax.methods import lordo as lordo_lib
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import device_speed  # noqa: E402
+import run_all  # noqa: E402
+
+FLOAT32, BFLOAT16 = 4, 2
+DTYPES = ("float32", "bfloat16")
+# The offloaded row is LoRDO at its default (one-sided) projection.
+DEFAULT = lordo_lib.with_projection({})["projection"]
+
+pytestmark = [pytest.mark.timeout(600), pytest.mark.no_compilation_cache]
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory) -> tuple[dict, str]:
+  """(JSON, markdown) of one quick run."""
+  out = tmp_path_factory.mktemp("device_speed")
+  env = dict(
+    os.environ,
+    PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    JAX_NUM_CPU_DEVICES="2",
+  )
+  done = subprocess.run(
+    [sys.executable, str(ROOT / "benchmarks" / "device_speed.py"), "--quick", "--out", str(out)],
+    capture_output=True,
+    text=True,
+    env=env,
+    cwd=ROOT,
+    timeout=500,
+  )
+  assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+  markdown = (out / "device_speed_cpu.md").read_text()
+  assert done.stdout.strip().endswith(markdown.strip().splitlines()[-1])
+  return json.loads((out / "device_speed_cpu.json").read_text()), markdown
+
+
+def close(a: float, b: float) -> bool:
+  return math.isclose(a, b, rel_tol=1e-9)
+
+
+def by_key(record: dict) -> dict[tuple, dict]:
+  """(section, dtype, method, projection, offload) -> row."""
+  rows = record["rows"]
+  keys = [(r["section"], r["dtype"], r["method"], r["projection"], r["offload"]) for r in rows]
+  assert len(set(keys)) == len(keys)
+  return dict(zip(keys, rows, strict=True))
+
+
+def test_every_row_is_there(result):
+  record, _ = result
+  projections = list(device_speed.QUICK_PROJECTIONS)  # Quick mode's; every one in full.
+  assert record["settings"]["projections"] == projections
+  assert record["device"]["visible"] == 2 and "pinned_host" in record["device"]["memories"]
+  expected = set()
+  for dtype in DTYPES:
+    expected |= {("refresh", dtype, "refresh", p, False) for p in projections}
+    expected |= {("optimizer", dtype, "adamw", None, False)}
+    expected |= {("optimizer", dtype, "galore", None, False)}
+    expected |= {("optimizer", dtype, "lordo", p, False) for p in projections}
+    expected |= {("optimizer", dtype, "lordo", DEFAULT, True)}
+    expected |= {("lm", dtype, "ddp", None, False), ("lm", dtype, "low_rank_ddp", None, False)}
+    expected |= {("lm", dtype, "lordo", p, False) for p in projections}
+  assert set(by_key(record)) == expected
+
+
+def test_times_amortised_and_ratios(result):
+  record, _ = result
+  rows = by_key(record)
+  k, repeats = record["settings"]["sync_every"], record["settings"]["repeats"]
+  for (section, dtype, method, _, _), row in rows.items():
+    ms = row["ms"]
+    assert all(math.isfinite(v) and v > 0 for v in ms.values()), row
+    assert close(ms["amortised"], ((k - 1) * ms["local"] + ms["sync"]) / k)
+    assert close(row["sync_over_local"], ms["sync"] / ms["local"])
+    if section == "refresh":  # One refresh per round, against the first projection's.
+      first = rows[section, dtype, "refresh", device_speed.QUICK_PROJECTIONS[0], False]
+      assert close(row["vs_baseline"]["local"], ms["local"] / first["ms"]["local"])
+      assert row["samples"] == {"local": repeats} and row["syncs"] is None and row["finite"]
+      continue
+    baseline = rows[section, dtype, row["baseline"], None, False]
+    assert row["baseline"] == {"optimizer": "adamw", "lm": "ddp"}[section]
+    assert close(row["baseline_ms"], baseline["ms"]["local"])
+    assert all(close(row["vs_baseline"][key], ms[key] / row["baseline_ms"]) for key in ms)
+    if method in ("adamw", "ddp"):
+      assert row["samples"] == {"local": k * repeats} and ms["sync"] == ms["local"]
+    else:  # One sync (or refresh) step per timed round.
+      assert row["samples"] == {"local": (k - 1) * repeats, "sync": repeats}
+    # LoRDO's state counted a sync at the end of every round, the warm-up's included.
+    assert row["syncs"] == (repeats + 1 if method == "lordo" else None)
+    assert row["finite"], row
+
+
+def test_offload_moves_the_anchor_to_the_host(result):
+  record, _ = result
+  rows = by_key(record)
+  for dtype in DTYPES:
+    offloaded = rows["optimizer", dtype, "lordo", DEFAULT, True]["state_bytes"]
+    kept = rows["optimizer", dtype, "lordo", DEFAULT, False]["state_bytes"]
+    assert offloaded["host"] > 0 and offloaded["device"] < kept["device"] and kept["host"] == 0
+    assert offloaded["device"] + offloaded["host"] == kept["device"]
+
+
+def test_bfloat16_halves_the_parameters_copies_only(result):
+  """lordo_jax keeps moments and bases in float32 whatever the parameters' dtype, and
+  its anchor in the parameters' dtype; optax.adamw keeps its moments in the latter."""
+  record, _ = result
+  rows = by_key(record)
+  params, lm_params = record["settings"]["optimizer_params"], record["settings"]["lm_params"]
+
+  def state(section, method, projection=None, offload=False) -> list[dict]:
+    """The float32 and the bfloat16 row's state bytes."""
+    return [rows[section, d, method, projection, offload]["state_bytes"] for d in DTYPES]
+
+  f32, bf16 = state("optimizer", "lordo", DEFAULT, offload=True)
+  assert (f32["host"], bf16["host"]) == (FLOAT32 * params, BFLOAT16 * params)  # The anchor.
+  assert f32["device"] == bf16["device"]  # Moments and bases in float32, int32 counters.
+  for projection in device_speed.QUICK_PROJECTIONS:
+    f32, bf16 = state("optimizer", "lordo", projection)
+    assert f32["device"] - bf16["device"] == (FLOAT32 - BFLOAT16) * params
+  f32, bf16 = state("optimizer", "adamw")  # Two moments in the parameters' dtype, a count.
+  assert 0 < f32["device"] - 2 * FLOAT32 * params < 100
+  assert 0 < bf16["device"] - 2 * BFLOAT16 * params < 100
+  for method in ("ddp", "low_rank_ddp"):
+    f32, bf16 = state("lm", method)
+    assert f32 == bf16
+  for projection in device_speed.QUICK_PROJECTIONS:
+    f32, bf16 = state("lm", "lordo", projection)
+    assert f32["device"] - bf16["device"] == (FLOAT32 - BFLOAT16) * lm_params
+
+
+def test_compiled_memory(result):
+  record, _ = result
+  for row in record["rows"]:
+    memory = row["compiled_memory"]
+    assert memory is not None, row  # jaxlib's CPU client analyses its programs.
+    expected = memory["argument"] + memory["output"] + memory["temp"] - memory["alias"]
+    assert memory["peak"] == expected > 0
+  assert all(block["process_peak_bytes"] is None for block in record["blocks"])  # CPU
+
+
+def test_markdown_names_the_device_and_every_row(result):
+  record, markdown = result
+  device = record["device"]
+  assert record["study"] == "device_speed_cpu" and record["quick"] is True and record["complete"]
+  assert record["command"].startswith("python benchmarks/device_speed.py --quick ")
+  assert f"`{record['command']}`" in markdown
+  assert f"Device: **{device['kind']}** ({device['platform']};" in markdown
+  assert f"jax {record['machine']['jax']}" in markdown and record["measured_on"] in markdown
+  assert all(note in markdown for note in record["notes"])
+  table = [line for line in markdown.splitlines() if line.startswith("|")]
+  assert len(table) == len(record["rows"]) + 2 * len(record["settings"]["sections"])
+  for row in record["rows"]:
+    name = row["method"] + (f" {row['projection']}" if row["projection"] else "")
+    name += " + offload" if row["offload"] else ""
+    name = row["projection"] if row["section"] == "refresh" else name
+    assert f"| {row['dtype']} | {name} | " in markdown
+
+
+def test_run_all_runs_it_quickly(tmp_path):
+  assert "device_speed" in run_all.STUDIES
+  line = run_all.command("device_speed", True, tmp_path, default_out=False)
+  assert line[-3:] == ["--quick", "--out", str(tmp_path)]
