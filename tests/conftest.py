@@ -53,6 +53,8 @@ SLOWEST_MODULES = (
   "test_golden_runs.py",  # 77
   "test_lm_resume.py",  # 73
   "test_benchmarks_accelerator.py",  # 71
+  "test_benchmarks_device_speed.py",  # 57
+  "test_basis_batched.py",  # 55
   "test_offload.py",  # 58
   "test_multiprocess_fsdp.py",  # 57
   "test_lm_warm_start.py",  # 54
