@@ -153,7 +153,19 @@ def product(a: jax.Array, b: jax.Array, precision=None) -> jax.Array:
     return jnp.matmul(a, b, precision=precision)
   batch = (spec_a if a.ndim >= b.ndim else spec_b)[:-2]
   out = PartitionSpec(*batch, rows, None if cols == rows else cols)
-  return jnp.matmul(a, b, precision=precision, out_sharding=out)
+  if a.ndim != b.ndim:
+    return jnp.matmul(a, b, precision=precision, out_sharding=out)
+  # Batched alike: a dot_general, as jnp.matmul of JAX 0.12 drops a batch axis of size 1
+  # before it applies out_sharding (whose spec then has one entry too many).
+  dtype = jnp.result_type(a, b)
+  axes = tuple(range(a.ndim - 2))
+  return jax.lax.dot_general(
+    a.astype(dtype),
+    b.astype(dtype),
+    (((a.ndim - 1,), (b.ndim - 2,)), (axes, axes)),
+    precision=precision,
+    out_sharding=out,
+  )
 
 
 # A basis whose columns are further than this from orthonormal, max |Q^T Q - I|, is a
