@@ -12,6 +12,8 @@ import sys
 import warnings
 
 _PACKAGE = os.path.dirname(os.path.abspath(__file__))
+# Libraries through which an optimizer is called: a warning skips their frames too.
+_CALLING_LIBRARIES = ("optax", "jax", "jaxlib", "flax")
 
 
 def _is_number(value) -> bool:
@@ -82,8 +84,15 @@ def one_of(who: str, name: str, value, accepted: tuple) -> None:
 
 
 def warn(message: str) -> None:
-  """A ``UserWarning`` attributed to the first caller outside this package."""
+  """A ``UserWarning`` attributed to the user's line: the first caller outside this
+  package and the libraries that call an optimizer (optax, JAX, Flax), so that a
+  warning raised inside ``tx.init`` points at the ``init`` or ``nnx.Optimizer`` call."""
+  skipped = (_PACKAGE + os.sep,) + tuple(
+    os.path.dirname(os.path.abspath(module.__file__)) + os.sep
+    for module in map(sys.modules.get, _CALLING_LIBRARIES)
+    if getattr(module, "__file__", None)
+  )
   level, frame = 2, sys._getframe(1)
-  while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE):
+  while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(skipped):
     level, frame = level + 1, frame.f_back
   warnings.warn(message, UserWarning, stacklevel=level)

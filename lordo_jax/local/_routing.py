@@ -15,6 +15,8 @@ import jax
 import optax
 from optax import contrib
 
+from lordo_jax import _checks as checks
+
 LOW_RANK = "low_rank"
 FULL_RANK = "full_rank"
 
@@ -177,36 +179,115 @@ def route(tree: Any, labels: Any, rank: int) -> Any:
 def partition_labels(labels: Any, rank: int, who: str) -> Callable[[Any], Any]:
   """A label function for ``optax.partition``: LOW_RANK or FULL_RANK per leaf.
 
-  With the default routing (``labels`` None), a tree in which no leaf is low-rank is
-  an error: the method would quietly be its full-rank counterpart.
+  With the default routing (``labels`` None) it checks what the tree holds, in
+  ``who``'s name. It warns only the first time it is called (at ``init``, not again at
+  each trace of ``update``, whose gradients may spell the key paths differently):
+
+  * no 2-D leaf at all (a scalar, a vector, Rosenbrock's two coordinates): a
+    ``UserWarning`` that every leaf takes the full-rank path, so the method is its
+    full-rank counterpart (:data:`FULL_RANK_COUNTERPARTS`), and it trains as that;
+  * a leaf of three or more axes that some split of its axes would make a matrix with
+    ``min(p, q) > rank`` (Flax's attention kernels): a ``UserWarning`` naming it, its
+    shape and the :class:`MatrixAxes` that would make it low-rank
+    (:func:`suggested_axes`).
+
+  2-D leaves that all have ``min(p, q) <= rank`` are an error, at every call: the user
+  has matrices and would quietly get no low-rank step.
   """
+  looked = False
 
   def label_fn(tree):
+    nonlocal looked
     routed = jax.tree.map(
       lambda a: FULL_RANK if a == FULL_RANK else LOW_RANK, route(tree, labels, rank)
     )
-    if labels is None and LOW_RANK not in jax.tree.leaves(routed):
-      _refuse_all_full_rank(tree, rank, who)
+    if labels is None and jax.tree.leaves(tree):
+      first, looked = not looked, True
+      if first:
+        _warn_unlabelled_matrices(tree, rank, who)
+      if LOW_RANK not in jax.tree.leaves(routed):
+        _no_low_rank_leaf(tree, rank, who, warn=first)
     return routed
 
   return label_fn
 
 
-def _refuse_all_full_rank(tree: Any, rank: int, who: str) -> None:
+# What each low-rank method is when no leaf is low-rank (every leaf on its full-rank path).
+FULL_RANK_COUNTERPARTS = {
+  "lordo": (
+    "local AdamW, its parameters and moments averaged every sync_every steps "
+    "(lordo_jax.local_adam, with the defaults of outer_optimizer, full_rank_nu and "
+    "sync_moments_every)"
+  ),
+  "lordo_local_projection": (
+    "local AdamW, its parameters averaged every sync_every steps and its moments kept "
+    "local (lordo_jax.diloco with outer_learning_rate=1.0 and outer_momentum=0.0, with "
+    "the defaults of outer_optimizer and full_rank_nu)"
+  ),
+  "low_rank_ddp": "AdamW on the averaged gradient (lordo_jax.ddp, with the default full_rank_nu)",
+}
+
+
+def _no_low_rank_leaf(tree: Any, rank: int, who: str, warn: bool) -> None:
+  """Warns (if ``warn``) for a tree without a 2-D leaf; refuses one whose matrices are
+  all at or below the rank."""
   matrices = [x.shape for x in jax.tree.leaves(tree) if getattr(x, "ndim", 0) == 2]
-  if not jax.tree.leaves(tree):
-    return
   if not matrices:
-    found = "the parameters hold no 2-D leaf"
-  else:
-    largest = max(matrices, key=min)
-    found = (
-      f"every 2-D leaf has min(p, q) <= rank (the largest, {largest[0]} x {largest[1]}, "
-      f"has min {min(largest)})"
-    )
+    if warn:
+      counterpart = FULL_RANK_COUNTERPARTS.get(who, "its full-rank counterpart")
+      checks.warn(
+        f"{who}: the parameters hold no 2-D leaf, so no leaf is low-rank: every leaf "
+        f"takes the full-rank path and {who} is {counterpart}."
+      )
+    return
+  largest = max(matrices, key=min)
   raise ValueError(
-    f"{who}: rank={rank} leaves no matrix low-rank: {found}, so every leaf would take "
-    "full-rank Adam and the method would be its full-rank counterpart (LoRDO would be "
-    "local AdamW). Lower the rank below the matrices' smaller side, label reshaped "
-    "leaves with low_rank_labels, or use lordo_jax.local_adam / lordo_jax.ddp."
+    f"{who}: rank={rank} leaves no matrix low-rank: every 2-D leaf has min(p, q) <= "
+    f"rank (the largest, {largest[0]} x {largest[1]}, has min {min(largest)}), so "
+    "every leaf would take full-rank Adam and the method would be its full-rank "
+    "counterpart (LoRDO would be local AdamW). Lower the rank below the matrices' "
+    "smaller side, label reshaped leaves with low_rank_labels, or use "
+    "lordo_jax.local_adam / lordo_jax.ddp."
   )
+
+
+def suggested_axes(shape: tuple[int, ...], rank: int) -> MatrixAxes | None:
+  """The split of ``shape``'s axes into leading rows and trailing columns that makes
+  the squarest matrix, if its smaller side exceeds ``rank``; else None.
+
+  ``nnx.MultiHeadAttention``'s query kernel ``(d, heads, head_dim)`` gives
+  ``MatrixAxes(rows=0, cols=(1, 2))`` (``d x d``), its output kernel
+  ``(heads, head_dim, d)`` ``MatrixAxes(rows=(0, 1), cols=2)``, a convolution kernel
+  ``(h, w, in, out)`` ``MatrixAxes(rows=(0, 1, 2), cols=3)``.
+  """
+  splits = [(math.prod(shape[:k]), math.prod(shape[k:]), k) for k in range(1, len(shape))]
+  p, q, k = max(splits, key=lambda s: min(s[0], s[1]), default=(0, 0, 0))
+  if min(p, q) <= rank:
+    return None
+  axes = lambda a: a[0] if len(a) == 1 else a  # noqa: E731
+  return MatrixAxes(rows=axes(tuple(range(k))), cols=axes(tuple(range(k, len(shape)))))
+
+
+def _warn_unlabelled_matrices(tree: Any, rank: int, who: str) -> None:
+  """Warns for each leaf of 3+ axes that the default routing leaves full-rank but a
+  :class:`MatrixAxes` would make low-rank."""
+  for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    shape = tuple(getattr(x, "shape", ()))
+    where = jax.tree_util.keystr(path) or "the root"
+    axes = suggested_axes(shape, rank) if len(shape) >= 3 else None
+    if axes is None:
+      continue
+    p, q = matrix_shape(shape, axes)
+    stacked = ""
+    if len(shape) == 3 and min(shape[1:]) > rank:
+      stacked = " (MatrixAxes(batch=0, rows=1, cols=2) instead if axis 0 stacks layers)"
+    checks.warn(
+      f"{who}: the leaf {where} of shape {shape} takes the full-rank path: by default "
+      f"only 2-D leaves are low-rank. Labelled {_spelled(axes)} in low_rank_labels it "
+      f"is one {p} x {q} low-rank matrix{stacked}; labelled False it stays full-rank "
+      "without this warning."
+    )
+
+
+def _spelled(axes: MatrixAxes) -> str:
+  return f"MatrixAxes(rows={axes.rows}, cols={axes.cols})"

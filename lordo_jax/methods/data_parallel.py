@@ -199,7 +199,8 @@ def low_rank_ddp(
   ``optax.contrib.galore`` on the mean gradient, up to the sign convention of the
   singular vectors (ours are canonical, MATH.md §5). Leaves are routed as in
   :func:`lordo_jax.lordo`: those that are not low-rank matrices take AdamW on the
-  averaged gradient.
+  averaged gradient (parameters with no 2-D leaf train as :func:`ddp` would, with a
+  warning).
 
   ``communicate`` chooses what travels (per step and ``p x q`` matrix, MATH.md §7);
   both give the same iterates, since Q is shared and projection is linear:
@@ -275,9 +276,9 @@ def low_rank_ddp(
 
   # Only the leaves off the low-rank path are averaged in full here; projected_mean
   # averages the coordinates (and, on refresh steps, the gradient or its sketches).
-  labels = routing.partition_labels(local.low_rank_labels, rank, who)
-
+  # The local step's partition checks the routing (and warns) once; this mask only reads it.
   def full_rank_mask(tree):
-    return jax.tree.map(lambda label: label == routing.FULL_RANK, labels(tree))
+    routed = routing.route(tree, local.low_rank_labels, rank)
+    return jax.tree.map(lambda axes: axes == routing.FULL_RANK, routed)
 
   return optax.chain(optax.masked(average_gradients(axis_name), full_rank_mask), local_step_)

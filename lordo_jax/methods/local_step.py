@@ -83,7 +83,9 @@ def low_rank_adamw(
   ``who``'s name) with ``local.low_rank_labels`` as its ``matrix_axes``; the local step
   is ``matrices_path(low_rank)`` on the matrices, Adam (QHAdam with ``full_rank_nu``)
   on the other leaves, then AdamW's tail (decoupled weight decay, learning rate).
-  Params with no low-rank leaf are refused at ``init``. ``matrices_path`` may make the
+  Params with no 2-D leaf take the full-rank path alone (a warning says so); 2-D leaves
+  that all have ``min(p, q) <= rank`` are refused at ``init``
+  (:func:`lordo_jax.local._routing.partition_labels`). ``matrices_path`` may make the
   low-rank step data-parallel, as
   :func:`lordo_jax.comm._projected_mean.projected_mean` does for low-rank DDP.
   """

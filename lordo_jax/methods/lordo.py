@@ -66,8 +66,10 @@ def lordo(
   low-rank local step (:func:`lordo_jax.methods.local_step.low_rank_adamw`).
 
   Leaves that are not low-rank matrices (biases, norms, small matrices, or those
-  ``low_rank_labels`` excludes) take local AdamW with the same synchronisation; a
-  rank that leaves no matrix low-rank is refused at ``init``.
+  ``low_rank_labels`` excludes) take local AdamW with the same synchronisation.
+  Parameters with no 2-D leaf train as :func:`lordo_jax.local_adam` would, with a
+  warning; 2-D leaves that all have ``min(p, q) <= rank`` are refused at ``init``
+  (:func:`lordo_jax.local._routing.partition_labels`).
 
   It must be the last transformation that changes the update: at a sync its update
   lands every worker on the synchronised parameters, and a transformation chained

@@ -6,6 +6,8 @@ first update. Each run here is compared with the same optimizer in a plain optax
 on a dict of arrays: bit for bit under ``jit``, to float32 rounding in eager mode.
 """
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -264,3 +266,71 @@ def test_projections_read_the_state_nnx_optimizer_keeps(method):
 def _plain_grads(params):
   graphdef, _ = nnx.split(MLP(nnx.Rngs(0)), nnx.Param)
   return jax.grad(lambda p: nnx_loss(nnx.merge(graphdef, p)))(params)
+
+
+class Attention(nnx.Module):
+  """Flax's attention, whose query, key and value kernels are (d, heads, head_dim) and
+  output kernel (heads, head_dim, d), none of them a 2-D leaf; then a 2-D kernel."""
+
+  def __init__(self, rngs: nnx.Rngs):
+    self.attention = nnx.MultiHeadAttention(4, 32, decode=False, rngs=rngs)
+    self.mlp = nnx.Linear(32, 32, rngs=rngs)
+
+  def __call__(self, x):
+    return self.mlp(self.attention(x))
+
+
+def attention_labels(params):
+  """The 3-D kernels as 32 x 32 matrices, the 2-D kernel as it is, the biases full-rank."""
+
+  def label(path, x):
+    where = jax.tree_util.keystr(path)
+    if isinstance(x, optax.MaskedNode) or "kernel" not in where:
+      return False
+    if x.ndim == 2:
+      return True
+    if "['out']" in where:
+      return lordo_jax.MatrixAxes(rows=(0, 1), cols=2)
+    return lordo_jax.MatrixAxes(rows=0, cols=(1, 2))
+
+  return jax.tree_util.tree_map_with_path(
+    label, params, is_leaf=lambda x: isinstance(x, optax.MaskedNode)
+  )
+
+
+def _attention_warnings(**options):
+  """The warnings of building ``nnx.Optimizer`` on :class:`Attention` and three steps."""
+  x = jax.random.normal(jax.random.key(3), (2, 5, 32))
+  with warnings.catch_warnings(record=True) as record:
+    warnings.simplefilter("always")
+    model = Attention(nnx.Rngs(0))
+    tx = lordo_jax.lordo(1e-2, rank=4, sync_every=2, **options)
+    optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
+
+    @nnx.jit
+    def step(model, optimizer):
+      optimizer.update(model, nnx.grad(lambda m: jnp.mean(m(x) ** 2))(model))
+
+    for _ in range(3):
+      step(model, optimizer)
+  messages = [str(w.message) for w in record if "takes the full-rank path" in str(w.message)]
+  return messages, nnx.as_pure(optimizer.opt_state)
+
+
+def test_nnx_attention_kernels_are_named_once_with_the_matrix_axes_that_fit():
+  messages, _ = _attention_warnings()
+  assert len(messages) == 4, messages  # query, key, value, out: once each, not per trace
+  for name in ("query", "key", "value"):
+    (message,) = [m for m in messages if f"['{name}']['kernel']" in m]
+    assert "shape (32, 4, 8)" in message and "MatrixAxes(rows=0, cols=(1, 2))" in message
+  (out,) = [m for m in messages if "['out']['kernel']" in m]
+  assert "shape (4, 8, 32)" in out and "MatrixAxes(rows=(0, 1), cols=2)" in out
+
+
+def test_nnx_attention_kernels_labelled_with_matrix_axes_warn_nothing_and_go_low_rank():
+  messages, state = _attention_warnings(low_rank_labels=attention_labels)
+  assert messages == []
+  bases = lordo_jax.projections(state)
+  kernels = {name: bases["attention"][name]["kernel"].shape for name in bases["attention"]}
+  assert kernels == dict.fromkeys(("key", "out", "query", "value"), (32, 4))
+  assert bases["mlp"]["kernel"].shape == (32, 4)

@@ -2,7 +2,7 @@
 
 Each test here failed before the library caught its case: an apply_if_finite that lets
 one worker skip a sync, a transformation after the method, ``axis_name=None`` inside a
-worker ``shard_map``, a rank that leaves nothing low-rank, a sync rule that never
+worker ``shard_map``, a rank at or above every matrix's smaller side, a sync rule that never
 syncs, an offloaded state placed in device memory, and ``count`` in a state.
 """
 
@@ -155,6 +155,9 @@ def test_axis_name_none_under_vmap_is_one_worker_per_model():
   ids=["lordo", "lordo_local_projection", "low_rank_ddp", "low_rank_ddp_projected"],
 )
 def test_a_rank_that_leaves_no_matrix_low_rank_is_refused(make):
+  """Matrices that are all at or below the rank: refused, not a quiet full-rank run.
+  (Parameters with no 2-D leaf at all warn and train as the full-rank counterpart:
+  ``tests/methods/test_params_without_a_matrix.py``.)"""
   with pytest.raises(ValueError, match=r"rank=8 leaves no matrix low-rank.*16 x 8"):
     make(8).init(PARAMS)
   state = make(7).init(PARAMS)  # One below the smaller side: the matrix is low-rank.
