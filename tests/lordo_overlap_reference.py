@@ -216,21 +216,43 @@ class InFlight(ref.Reference):
     self._refresh_all(deltas, names)
 
   def _land_round(self):
-    fresh = self._freeze()  # D_m now; its moments are taken after the landing, below
+    """A whole round in flight (§9): the mean of the last round's messages lands, each
+    worker merges (eager: its own fresh pseudo-gradient at 1/M; delayed: the mean alone;
+    rebase and streaming: onto the new anchor, with its steps since the last freeze),
+    the moments are corrected, the bases refreshed (from the fresh pseudo-gradient with
+    one worker, but delayed), and this round's message is frozen."""
+    fresh = self._freeze()  # anchor_m - theta_m now; the moments are taken after the landing
     landed = self.frozen is not None
     previous = self.frozen or [
       ({k: np.zeros_like(v) for k, v in d.items()}, {n: (0 * a, 0 * b) for n, (a, b) in mo.items()})
       for d, mo in fresh
     ]
     deltas, moments = self._landed_means(previous, list(self.anchor))
+    merge, sent = self.overlap.merge, []
     for m in range(self.num_workers):
+      d_fresh, d_old = fresh[m][0], previous[m][0]
       for k in self.anchor:
         step = deltas[k]
-        if self.overlap.merge == "eager":
-          step = step + (fresh[m][0][k] - previous[m][0][k]) / self.num_workers
-        self.anchors[m][k] = self.anchors[m][k] - step
-        self.params[m][k] = self.anchors[m][k].copy()
+        if merge == "eager":
+          step = step + (d_fresh[k] - d_old[k]) / self.num_workers
+        a_old, new = self.anchors[m][k], self.anchors[m][k] - step
+        if merge == "rebase":
+          self.params[m][k] = new + (self.params[m][k] - (a_old - d_old[k]))
+        elif merge == "streaming":
+          alpha = self.overlap.merge_alpha
+          self.params[m][k] = alpha * self.params[m][k] + (1 - alpha) * new
+        else:
+          self.params[m][k] = new.copy()
+        self.anchors[m][k] = new
+      if merge in ("rebase", "streaming"):
+        d_fresh = {k: self.anchors[m][k] - self.params[m][k] for k in d_fresh}
+      sent.append(d_fresh)
     if landed:
       self._correct(previous, moments, self.cfg.sync_every)
+    # The bases come from the freshest pseudo-gradient every worker holds: the landed
+    # mean, and with one worker (but delayed, one round late by design) its fresh one.
+    if self.num_workers == 1 and merge != "delayed":
+      self._refresh_all(sent[0])
+    elif landed:
       self._refresh_all(deltas)
-    self.frozen = [(d, self._moments(m)) for m, (d, _) in enumerate(fresh)]
+    self.frozen = [(d, self._moments(m)) for m, d in enumerate(sent)]

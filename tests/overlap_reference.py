@@ -2,11 +2,12 @@
 
 M workers take local steps on their own gradients; the message frozen at a round
 boundary t0 lands tau steps later (``tau`` in 1..K-1, merges ``"rebase"`` and
-``"streaming"``) or a whole round later (``tau == K``: ``"round"``, merges ``"eager"``
-and ``"delayed"``); ``tau == 0`` is the plain round. The inner step is SGD or Adam on
-whole leaves (the low-rank step and the basis refresh are the plain round's, in
-``lordo_reference``), the moments are averaged at every sync, and the outer step is
-plain averaging (an update of ``-D``) or Nesterov SGD (DiLoCo), as in MATH.md §4.3.
+``"streaming"``) or a whole round later (``tau == K``: ``"round"``, merges ``"eager"``,
+``"delayed"``, ``"rebase"`` and ``"streaming"``); ``tau == 0`` is the plain round.
+The inner step is SGD or Adam on whole leaves (the low-rank step and the basis
+refresh are the plain round's, in ``lordo_reference``), the moments are averaged at
+every sync, and the outer step is plain averaging (an update of ``-D``) or Nesterov SGD
+(DiLoCo), as in MATH.md §4.3.
 Chunking does not change the values without a codec: each message is sent whole.
 
 With ``compression`` ("int8" or "bfloat16", tau >= 1) the chunks are modelled as the
@@ -39,7 +40,7 @@ class Setup:
   workers: int = 4
   sync_every: int = 4  # K
   tau: int = 0  # 0: the plain round; 1..K-1; K: a whole round in flight
-  merge: str = "rebase"  # "rebase" | "streaming" (tau < K); "eager" | "delayed" (tau = K)
+  merge: str = "rebase"  # "rebase" | "streaming"; with tau = K also "eager" | "delayed"
   merge_alpha: float = 0.0
   inner: str = "sgd"  # "sgd" | "adam"
   learning_rate: float = 0.05
@@ -110,17 +111,26 @@ def _land_round(s: Setup, ws: list[Worker], fresh: list[tuple]) -> None:
     w.frozen or tuple(np.zeros_like(x) for x in f) for w, f in zip(ws, fresh, strict=True)
   ]
   deltas, us, vs = _means(s, ws, previous)
+  sent = []
   for w, (d_new, _, _), (d_old, u_m, v_m) in zip(ws, fresh, previous, strict=True):
+    a_old = w.anchor
     if s.merge == "eager":  # Kale et al. Algorithm 3: own fresh part now, the rest late.
       d = deltas + (d_new - d_old) / m
       w.anchor, w.outer_momentum = _outer(s, w.anchor, w.outer_momentum, d)
-    else:  # delayed, their Algorithm 2: the shared anchor takes the late mean only.
+    else:  # delayed (their Algorithm 2), rebase, streaming: the late mean only.
       w.anchor, w.outer_momentum = _outer(s, w.anchor, w.outer_momentum, deltas)
-    w.params = w.anchor.copy()
+    if s.merge == "rebase":  # the worker's steps since its last freeze, on the new anchor
+      w.params = w.anchor + (w.params - (a_old - d_old))
+    elif s.merge == "streaming":
+      w.params = s.merge_alpha * w.params + (1 - s.merge_alpha) * w.anchor
+    else:
+      w.params = w.anchor.copy()
+    # Rebase and streaming send the steps from where the last freeze left the worker.
+    sent.append(w.anchor - w.params if s.merge in ("rebase", "streaming") else d_new)
     w.u = w.u + s.b1**s.sync_every * (us - u_m) if ws[0].frozen else w.u
     w.v = w.v + s.b2**s.sync_every * (vs - v_m) if ws[0].frozen else w.v
-  for w, f in zip(ws, fresh, strict=True):  # the moments after the landing (MATH.md §9)
-    w.frozen = (f[0], w.u.copy(), w.v.copy())
+  for w, d in zip(ws, sent, strict=True):  # the moments after the landing (MATH.md §9)
+    w.frozen = (d, w.u.copy(), w.v.copy())
 
 
 def _window(s: Setup, ws: list[Worker], t: int) -> None:

@@ -25,18 +25,19 @@ from lordo_jax.round import _outer_step as outer_lib
 from lordo_jax.round import _periods as schedules
 from lordo_jax.round import _schedule as round_schedule
 
-MERGES = ("eager", "delayed")  # overlap="round"
-WINDOW_MERGES = ("rebase", "streaming")  # overlap=tau < K
+WINDOW_MERGES = ("rebase", "streaming")  # overlap=tau < K, and "round" (tau = K)
+MERGES = ("eager", "delayed", *WINDOW_MERGES)  # overlap="round"
 PHASES = ("send", "local")  # update(..., overlap_phase=...): a static value
 
 
 class InFlight(NamedTuple):
-  """The round's message in flight, each a float32 buffer of one row per chunk
-  (:func:`lordo_jax.comm._chunks.freeze`)."""
+  """The round's message in flight: one buffer per part, one row per chunk, each in its
+  part's dtype (:func:`lordo_jax.comm._chunks.freeze`; a bfloat16 model's D_m in
+  bfloat16, as section 4's round sends it)."""
 
-  message: jax.Array  # This worker's frozen message: D_m, then the moments U_m, V_m.
-  means: jax.Array  # The workers' means of the chunks sent so far.
-  residual: Any = ()  # With compression: the error feedback of D_m's columns, per chunk.
+  message: tuple  # This worker's frozen message: D_m's buffer, the moments U_m, V_m's.
+  means: tuple  # The workers' means of the chunks sent so far, buffers like message's.
+  residual: Any = ()  # With compression: float32, the error feedback of D_m's columns.
 
 
 def _message(parts, delta, inner_state, fragment=None) -> tuple:
@@ -49,8 +50,8 @@ def _message(parts, delta, inner_state, fragment=None) -> tuple:
 
 
 class Layout(NamedTuple):
-  """How the message in flight sits in its buffer: one fragment at a time (streaming),
-  each part padded to the columns of its widest fragment."""
+  """How the message in flight sits in its buffers: one fragment at a time (streaming),
+  each part's padded to the columns of its widest fragment."""
 
   masks: list  # The fragments' leaves (round_schedule.fragment_masks); [None]: one.
   columns: tuple  # Each part's columns, its widest fragment's.
@@ -63,17 +64,25 @@ def layout(parts, like, inner_state) -> Layout:
   return Layout(masks, tuple(max(w) for w in zip(*each, strict=True)))
 
 
-def _frozen(parts, delta, inner_state, lay, fragment=None, take=slice(None)):
-  """The buffer of the parts ``take`` of the message of ``fragment``, laid out by
-  ``lay``; its columns split as the whole message's leaves are (the same sharding
-  whichever fragment is frozen)."""
+def _frozen(parts, delta, inner_state, lay, fragment=None, take=slice(None), dtypes=None):
+  """The buffers of the parts ``take`` of the message of ``fragment``, laid out by
+  ``lay``, in ``dtypes`` (default: the whole message's); their columns split as the
+  whole message's leaves are (the same sharding whichever fragment is frozen)."""
   whole = _message(parts, delta, inner_state)
   return chunks_lib.freeze(
     _message(parts, delta, inner_state, fragment)[take],
     chunks(parts),
     columns=lay.columns[take],
     split_like=whole[take],
+    dtypes=dtypes,
   )
+
+
+def _dtypes(flight: InFlight) -> tuple:
+  """The dtype of each part in flight (its buffer's; ``None`` for a part of no columns):
+  :func:`init` takes them from the params and the moments, and every message frozen
+  later keeps them (its pseudo-gradient is formed in float32)."""
+  return tuple(None if b is None else b.dtype for b in flight.message)
 
 
 def _codecs(parts) -> tuple:
@@ -95,15 +104,15 @@ def init(parts, params, inner_state) -> InFlight:
   lay = layout(parts, params, inner_state)
   if parts.overlap != "round":
     check_spacing(parts.name, parts.sync_every, len(lay.masks), parts.overlap)
-  zeros = jnp.zeros_like(_frozen(parts, params, inner_state, lay, lay.masks[0]))
+  zeros = jax.tree.map(jnp.zeros_like, _frozen(parts, params, inner_state, lay, lay.masks[0]))
   residual = ()
-  if parts.compression is not None:
-    rows = _frozen(parts, params, inner_state, lay, lay.masks[0], take=slice(0, 1))
-    residual = jnp.zeros_like(jnp.concatenate([rows] * len(lay.masks)))
+  if parts.compression is not None:  # Float32 like section 4's, whatever D_m's dtype.
+    (rows,) = _frozen(parts, params, inner_state, lay, lay.masks[0], take=slice(0, 1))
+    residual = jnp.zeros_like(jnp.concatenate([rows] * len(lay.masks)), jnp.float32)
   return InFlight(message=zeros, means=zeros, residual=residual)
 
 
-def send_chunk(parts, state, index, lay, residual_row=None, sending=None):
+def send_chunk(parts, state, index, residual_row=None, sending=None):
   """Chunk ``index`` (a traced int) of the message in flight, averaged and counted:
   ``(in_flight, ledger)``. The residual is the one of row ``residual_row`` (default
   ``index``: that of the fragment in flight). With ``sending`` (a traced bool) the mean
@@ -119,11 +128,10 @@ def send_chunk(parts, state, index, lay, residual_row=None, sending=None):
     state.ledger,
     parts.axis_name,
     codecs=_codecs(parts),
-    parts=lay.columns,
     residual=own,
   )
   if sending is not None:  # A chunk sent for nothing changes nothing but the ledger.
-    mean = jnp.where(sending, mean, read(flight.means))
+    mean = jax.tree.map(lambda new, old: jnp.where(sending, new, old), mean, read(flight.means))
     fed = jnp.where(sending, fed, own) if compressed else None
   residual = ()
   if compressed:
@@ -146,43 +154,84 @@ def land(parts, state, params, local_updates, grads):
 
   .. math::
     \tilde D_m = \bar D + (D'_m - D_m) / M \ \text{(eager)}, \quad \bar D \
-      \text{(delayed)}; \qquad
+      \text{(the others)}; \qquad
     \text{anchor} \leftarrow \text{anchor} + \text{outer}(\tilde D_m), \quad
     \theta_m = \text{anchor}
 
-  and the moments :math:`u \mathrel{+}= \beta_1^K (\bar U - U_m)`,
-  :math:`v \mathrel{+}= \beta_2^K (\bar V - V_m)`; the bases are computed from
-  :math:`\bar D` (kept at the first boundary, when nothing has landed). The message
-  frozen now holds :math:`D'_m` and the moments after this landing (corrected and
-  carried into the new bases), so that the next landing corrects moments of the bases
-  they are in: :math:`v - \beta_2^K V_m \ge 0`, and ``v`` stays non-negative.
+  (eager, delayed), or :func:`_merged`'s rebase or streaming; and the moments
+  :math:`u \mathrel{+}= \beta_1^K (\bar U - U_m)`,
+  :math:`v \mathrel{+}= \beta_2^K (\bar V - V_m)`. The bases, one on every worker, are
+  computed from :math:`\bar D`, the freshest pseudo-gradient all workers hold (kept at
+  the first boundary, when nothing has landed); with one worker (but delayed) from its
+  fresh message, the mean: eager, and rebase under the averaging outer, are then the
+  blocking round. The message frozen now holds :math:`D'_m` (rebase, streaming:
+  :math:`\text{anchor} - \theta_m` after the merge, the steps since the last freeze)
+  and the moments after this landing (corrected and carried into the new bases), so
+  that the next landing corrects moments of the bases they are in:
+  :math:`v - \beta_2^K V_m \ge 0`, and ``v`` stays non-negative.
+
+  Returns the state and this worker's parameters after the landing.
   """
   landed = (state.syncs[0] > 0).astype(jnp.float32)
   local_params = optax.apply_updates(params, local_updates)
-  delta = jax.tree.map(lambda a, p: (a - p).astype(jnp.float32), state.anchor, local_params)
+  delta = _pseudo_gradient(state.anchor, local_params)
   fresh = _message(parts, delta, state.inner_state)
   old, mean = (chunks_lib.thaw(b, fresh) for b in state.in_flight[:2])
   direction = mean[0]
+  workers = 1 if parts.axis_name is None else jax.lax.axis_size(parts.axis_name)
   if parts.merge == "eager":
-    workers = 1 if parts.axis_name is None else jax.lax.axis_size(parts.axis_name)
     direction = jax.tree.map(lambda b, d, o: b + (d - o) / workers, mean[0], delta, old[0])
   anchor, outer_state = outer_lib.outer_step(
     parts.outer, None, state.anchor, direction, state.outer_state[0], jnp.float32(1)
   )
+  merged = _merged(parts, anchor, state.anchor, local_params, old[0])
+  if parts.merge in WINDOW_MERGES:  # The round's steps from where the last freeze left it.
+    delta = _pseudo_gradient(anchor, merged)
+  # The bases must be one on every worker: computed from the freshest pseudo-gradient
+  # they all hold, the landed mean; with one worker the fresh one is the mean.
+  fresh_bases = workers == 1 and parts.merge != "delayed"
+  basis_source, refreshed = (delta, jnp.float32(1)) if fresh_bases else (mean[0], landed)
   inner_state = _corrected_moments(
     parts, state.inner_state, old[1], mean[1], landed, parts.sync_every
   )
-  inner_state = parts.refresh.at_sync(inner_state, mean[0], grads, None, landed)
-  return state._replace(
+  inner_state = parts.refresh.at_sync(inner_state, basis_source, grads, None, refreshed)
+  state = state._replace(
     inner_state=inner_state,
     anchor=anchor,
     outer_state=(outer_state,),
     syncs=state.syncs + 1,
     # The moments frozen after this landing, in the bases the next landing corrects in.
     in_flight=state.in_flight._replace(
-      message=chunks_lib.freeze(_message(parts, delta, inner_state), chunks(parts))
+      message=chunks_lib.freeze(
+        _message(parts, delta, inner_state), chunks(parts), dtypes=_dtypes(state.in_flight)
+      )
     ),
   )
+  return state, merged
+
+
+def _pseudo_gradient(anchor, params):
+  """``anchor - params`` in float32."""
+  return jax.tree.map(lambda a, p: (a - p).astype(jnp.float32), anchor, params)
+
+
+def _merged(parts, anchor, old_anchor, local_params, frozen):
+  r"""A worker's parameters after a landing onto ``anchor`` (MATH.md §9): the anchor
+  (eager, delayed); *rebase*: :math:`\text{anchor} + (\theta_m - (\text{anchor}_\text{old}
+  - D_m))`, the worker's steps since its message ``frozen`` (:math:`D_m`) was frozen
+  added; *streaming*: :math:`\alpha \theta_m + (1 - \alpha)\, \text{anchor}`."""
+  if parts.merge == "rebase":
+    return jax.tree.map(
+      lambda new, x, a, d: new + (x - (a - d)).astype(new.dtype),
+      anchor,
+      local_params,
+      old_anchor,
+      frozen,
+    )
+  if parts.merge == "streaming":
+    alpha = parts.merge_alpha
+    return jax.tree.map(lambda new, x: alpha * x + (1 - alpha) * new, anchor, local_params)
+  return anchor
 
 
 def freeze(parts, state, params, local_updates, lay, fragment=None):
@@ -190,7 +239,8 @@ def freeze(parts, state, params, local_updates, lay, fragment=None):
   worker's message of the fragment's leaves frozen, nothing sent."""
   local_params = optax.apply_updates(params, local_updates)
   delta = jax.tree.map(lambda a, p: (a - p).astype(jnp.float32), state.anchor, local_params)
-  message = _frozen(parts, delta, state.inner_state, lay, fragment)
+  dtypes = _dtypes(state.in_flight)
+  message = _frozen(parts, delta, state.inner_state, lay, fragment, dtypes=dtypes)
   return state._replace(in_flight=state.in_flight._replace(message=message))
 
 
@@ -210,24 +260,12 @@ def land_window(parts, state, params, local_updates, grads, lay, f=0, fragment=N
   local_params = optax.apply_updates(params, local_updates)
   as_float32 = jax.tree.map(lambda p: p.astype(jnp.float32), params)
   like = _message(parts, as_float32, state.inner_state, fragment)
-  old, mean = (chunks_lib.thaw(b, like, lay.columns) for b in state.in_flight[:2])
+  old, mean = (chunks_lib.thaw(b, like) for b in state.in_flight[:2])
   anchor, outer_state = outer_lib.outer_step(
     parts.outer, fragment, state.anchor, mean[0], state.outer_state[f], jnp.float32(1)
   )
   mine = functools.partial(moment_trees.select, fragment=fragment)
-  if parts.merge == "rebase":
-    merged = jax.tree.map(
-      lambda new, x, a, d: new + (x - (a - d)).astype(new.dtype),
-      mine(anchor),
-      mine(local_params),
-      mine(state.anchor),
-      old[0],
-    )
-  else:
-    alpha = parts.merge_alpha
-    merged = jax.tree.map(
-      lambda new, x: alpha * x + (1 - alpha) * new, mine(anchor), mine(local_params)
-    )
+  merged = _merged(parts, mine(anchor), mine(state.anchor), mine(local_params), old[0])
   inner_state = _corrected_moments(
     parts, state.inner_state, old[1], mean[1], jnp.float32(1), parts.overlap, fragment
   )
@@ -391,7 +429,7 @@ def window_step(parts, grads, state, params, local_updates, count, phase=None):
   sender, index = senders[count % k], indices[count % k]
   # A message is in flight when the step that froze it (count - index - 1) was taken.
   sending = (sender >= 0) & (count - index > 1)
-  send = functools.partial(send_chunk, parts, index=index, lay=lay)
+  send = functools.partial(send_chunk, parts, index=index)
   residual_row = jnp.maximum(sender, 0) * tau + index
   if phase == "send":
     in_flight_state, ledger = send(state, residual_row=residual_row, sending=sending)
@@ -469,12 +507,12 @@ def round_step(parts, grads, state, params, local_updates, count):
   """A whole round in flight (:mod:`lordo_jax.round._overlap`): this step's chunk
   (unconditional), and at a boundary the landing, whose update lands on the anchor."""
   index = (count - 1) % parts.sync_every
-  in_flight, ledger = send_chunk(parts, state, index, state_layout(parts, state))
+  in_flight, ledger = send_chunk(parts, state, index)
   state = state._replace(ledger=ledger, in_flight=in_flight)
 
   def landing(s):
-    s = land(parts, s, params, local_updates, grads)
-    onto = jax.tree.map(lambda a, p, u: (a - p).astype(u.dtype), s.anchor, params, local_updates)
+    s, merged = land(parts, s, params, local_updates, grads)
+    onto = jax.tree.map(lambda a, p, u: (a - p).astype(u.dtype), merged, params, local_updates)
     return s, onto
 
   state, updates = jax.lax.cond(

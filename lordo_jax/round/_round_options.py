@@ -74,9 +74,10 @@ class RoundOptions:
     'how a message in flight lands, with ``overlap="round"``: ``"eager"`` (default; '
     "each worker applies its own fresh pseudo-gradient at once and the others' one "
     'round late, Kale et al. 2025, Algorithm 3) or ``"delayed"`` (the mean one round '
-    'late; their Algorithm 2); with an int ``overlap``, ``"rebase"`` (default: the '
-    "synchronised parameters plus the worker's steps since the boundary) or "
-    '``"streaming"`` (Streaming DiLoCo: mixed with ``merge_alpha``).',
+    'late; their Algorithm 2), or, as with an int ``overlap``, ``"rebase"`` (the '
+    "synchronised parameters plus the worker's steps since its message was frozen; the "
+    'default with an int ``overlap``) or ``"streaming"`` (Streaming DiLoCo: mixed with '
+    "``merge_alpha``). Which trains best with which outer optimizer: the overlap guide.",
     None,
   )
   merge_alpha: float = keywords.option(

@@ -1,6 +1,7 @@
-"""A message in chunks (``lordo_jax/comm/_chunks.py``): laid out and back exactly, the
-chunks' means are the mean's chunks bit for bit, each chunk is counted, and a chunk of
-carried state is a collective that can overlap its step's compute (``tests/hlo.py``).
+"""A message in chunks (``lordo_jax/comm/_chunks.py``): laid out and back exactly, each
+part in its own dtype, the chunks' means are the mean's chunks bit for bit, each chunk is
+counted as it travels, and a chunk of carried state is a collective that can overlap its
+step's compute (``tests/hlo.py``).
 """
 
 import hlo
@@ -28,10 +29,11 @@ def _tree(seed=0):
 @pytest.mark.parametrize("chunks", [1, 3, 4, 30, 40])
 def test_freeze_then_thaw_is_the_tree_and_the_padding_is_zero(chunks):
   tree = _tree()
-  buffer = chunks_lib.freeze((tree,), chunks)
+  (buffer,) = chunks_lib.freeze((tree,), chunks)
   size = chunks_lib.chunk_size(tree, chunks)
   assert buffer.shape == (chunks, size) and size == -(-30 // chunks)
-  (back,) = chunks_lib.thaw(buffer, (tree,))
+  assert buffer.dtype == jnp.float32  # float32 and bfloat16 leaves: the widest
+  (back,) = chunks_lib.thaw((buffer,), (tree,))
   for name in tree:
     assert back[name].dtype == tree[name].dtype
     np.testing.assert_array_equal(
@@ -40,15 +42,32 @@ def test_freeze_then_thaw_is_the_tree_and_the_padding_is_zero(chunks):
   np.testing.assert_array_equal(buffer.reshape(-1)[30:], 0.0)
 
 
-def test_parts_sit_side_by_side_each_cut_into_contiguous_rows():
+def test_each_part_has_a_buffer_of_contiguous_rows():
   first, second, empty = _tree(0), {"u": jnp.arange(10.0)}, ()
-  buffer = chunks_lib.freeze((first, empty, second), 4)
+  buffers = chunks_lib.freeze((first, empty, second), 4)
   assert chunks_lib.widths((first, empty, second), 4) == (8, 0, 3)
-  assert buffer.shape == (4, 11)
-  np.testing.assert_array_equal(buffer[:, 8:].reshape(-1)[:10], np.arange(10.0))
-  np.testing.assert_array_equal(buffer[:, :8], chunks_lib.freeze((first,), 4))
-  back = chunks_lib.thaw(buffer, (first, empty, second))
+  assert buffers[0].shape == (4, 8) and buffers[1] is None and buffers[2].shape == (4, 3)
+  np.testing.assert_array_equal(buffers[2].reshape(-1)[:10], np.arange(10.0))
+  np.testing.assert_array_equal(buffers[0], chunks_lib.freeze((first,), 4)[0])
+  back = chunks_lib.thaw(buffers, (first, empty, second))
   assert back[1] == () and np.array_equal(back[2]["u"], np.arange(10.0))
+
+
+def test_a_part_is_held_in_its_leaves_dtype_or_the_one_given():
+  """A bfloat16 part stays bfloat16 (exactly, and half the bytes of float32); wider
+  columns (a fragment's, padded to the widest) are zeros and thaw back the same."""
+  half = {"w": jnp.asarray(np.random.default_rng(1).normal(size=(3, 5)), jnp.bfloat16)}
+  moments = {"nu": jnp.ones((4,), jnp.float32)}
+  buffers = chunks_lib.freeze((half, moments), 2, columns=(9, 2))
+  assert [b.dtype for b in buffers] == [jnp.bfloat16, jnp.float32]
+  assert buffers[0].shape == (2, 9) and buffers[0].nbytes == 2 * 2 * 9
+  np.testing.assert_array_equal(buffers[0][:, 8:], 0)
+  back, _ = chunks_lib.thaw(buffers, (half, moments))
+  assert back["w"].dtype == jnp.bfloat16 and np.array_equal(back["w"], half["w"])
+  as_float32 = jax.tree.map(lambda x: x.astype(jnp.float32), half)
+  given = chunks_lib.freeze((as_float32, moments), 2, dtypes=(jnp.bfloat16, None))
+  assert [b.dtype for b in given] == [jnp.bfloat16, jnp.float32]
+  np.testing.assert_array_equal(given[0], chunks_lib.freeze((half,), 2)[0])
 
 
 def _mesh():
@@ -71,11 +90,11 @@ def test_the_chunks_means_are_the_means_chunks_bit_for_bit_and_each_is_counted()
 
   def body(tree):
     tree = jax.tree.map(lambda x: x[0], tree)
-    buffer = chunks_lib.freeze((tree,), chunks)
+    (buffer,) = chunks_lib.freeze((tree,), chunks)
     ledger, rows = collectives.init_ledger(), []
     for j in range(chunks):
-      chunk = chunks_lib.row(buffer, jnp.int32(j))
-      mean, ledger, _ = chunks_lib.chunk_mean(chunk, ledger, "workers")
+      chunk = chunks_lib.row((buffer,), jnp.int32(j))
+      (mean,), ledger, _ = chunks_lib.chunk_mean(chunk, ledger, "workers")
       rows.append(mean)
     whole, _ = collectives.counted_pmean(buffer, collectives.init_ledger(), "workers")
     return jax.tree.map(lambda x: x[None], (jnp.stack(rows), whole, ledger))
@@ -93,16 +112,16 @@ def test_a_compressed_chunk_feeds_its_first_parts_rounding_back_into_its_own_row
   def body(buffer):
     buffer = buffer[0]
     residual, index = jnp.zeros((4, 12), jnp.float32), jnp.int32(2)
-    mean, ledger, fed = chunks_lib.chunk_mean(
-      chunks_lib.row(buffer, index),
+    row = chunks_lib.row(buffer, index)
+    means, ledger, fed = chunks_lib.chunk_mean(
+      (row[:12], row[12:]),
       collectives.init_ledger(),
       "workers",
       codecs=("int8", "bfloat16"),
-      parts=(12, 4),
       residual=chunks_lib.row(residual, index),
     )
     residual = chunks_lib.with_row(residual, fed, index)
-    return jax.tree.map(lambda x: x[None], (mean, residual, ledger))
+    return jax.tree.map(lambda x: x[None], (jnp.concatenate(means), residual, ledger))
 
   mean, residual, ledger = _per_worker(body, stacked)
   exact = stacked[:, 2].mean(0)
@@ -124,7 +143,7 @@ def _step_hlo(message_of) -> str:
     params, buffer, count, grads = params[0], buffer[0], count[0], grads[0]
     message = message_of(buffer, grads, chunks)
     chunk = chunks_lib.row(message, count % chunks)
-    mean, _, _ = chunks_lib.chunk_mean(chunk, collectives.init_ledger(), "workers")
+    (mean,), _, _ = chunks_lib.chunk_mean(chunk, collectives.init_ledger(), "workers")
     local = params - 0.1 * (jnp.tanh(params @ params.T).sum() + grads)
     return jax.tree.map(lambda x: x[None], (local, mean))
 
@@ -142,7 +161,7 @@ PARAMS, BUFFER, COUNT, GRADS = 0, 1, 2, 3
 
 
 def test_a_chunk_of_a_carried_message_can_overlap_the_step():
-  text = _step_hlo(lambda buffer, grads, chunks: buffer)
+  text = _step_hlo(lambda buffer, grads, chunks: (buffer,))
   assert hlo.collective_inputs(text) == [{BUFFER, COUNT}]
   assert hlo.overlappable(text, {PARAMS, GRADS})
 

@@ -92,3 +92,35 @@ def test_scanned_layers_example_gives_each_layer_its_basis():
   (code,) = [b for b in python_blocks(page_text("docs/guides/flax.md")) if "batch=0" in b]
   assert "bases: (4, 32, 4)" in run(code)
   assert "It prints `bases: (4, 32, 4)`" in page_text("docs/guides/flax.md")
+
+
+def test_attention_example_labels_flax_kernels_low_rank_without_a_warning():
+  """The Flax guide's ``nnx.MultiHeadAttention`` recipe: every kernel gets a basis, no
+  warning comes, and without its labels the warning the guide quotes does."""
+  page = page_text("docs/guides/flax.md")
+  (code,) = [b for b in python_blocks(page) if "MultiHeadAttention" in b]
+  strict = "import warnings\nwarnings.simplefilter('error', UserWarning)\n"
+  assert "bases: query (32, 4), out (32, 4)" in run(strict + code)
+  assert "It prints `bases: query (32, 4), out (32, 4)`" in page
+  shown = "import warnings\nwarnings.showwarning = lambda m, *a, **k: print('WARNING', m)\n"
+  unlabelled = code.split("bases = ")[0].replace(", low_rank_labels=low_rank_labels", "")
+  assert "low_rank_labels=" not in unlabelled
+  printed = " ".join(run(shown + unlabelled).split())
+  quoted = section("Attention kernels as matrices", page="docs/guides/flax.md")
+  quoted = re.search(r"```text\nUserWarning: (.*?); \.\.\.\n```", quoted, re.S).group(1)
+  assert " ".join(quoted.split()) in printed
+
+
+def test_overlap_phase_example_under_shard_map_sends_what_the_text_says():
+  """The overlap guide's step with a static phase inside ``jax.shard_map`` on 4 workers,
+  bfloat16 parameters: one program per phase (and the first step's, whose
+  ``nnx.Optimizer`` state changes its structure), the loss falls, and it sends the bytes
+  it quotes."""
+  page = page_text("docs/guides/overlap.md")
+  (code,) = [b for b in python_blocks(page) if "jax.shard_map" in b]
+  check = "\nprint('programs', train_step._cache_size())\n"
+  lines = run(code + check).splitlines()
+  first, last = (re.search(r"loss ([\d.]+), sent ([\d,]+) bytes", x) for x in lines[:2])
+  assert float(last.group(1)) < float(first.group(1)) / 4 and lines[2] == "programs 3"
+  assert (first.group(2), last.group(2)) == ("256", "1,648")  # 256 + 3 x (2 x 136 + 4 x 48)
+  assert "`step 31: loss 0.377, sent 1,648 bytes per worker`" in page

@@ -72,7 +72,7 @@ def _close(library, reference, atol=2e-5):
     np.testing.assert_allclose(a, want, rtol=0, atol=atol, err_msg=f"step {t}")
 
 
-@pytest.mark.parametrize("merge", ["eager", "delayed"])
+@pytest.mark.parametrize("merge", ["eager", "delayed", "rebase"])
 @pytest.mark.parametrize("outer_momentum", [0.0, 0.9])
 def test_sgd_inside_equals_the_reference(merge, outer_momentum):
   outer = optax.sgd(
@@ -92,10 +92,15 @@ def test_sgd_inside_equals_the_reference(merge, outer_momentum):
   _close(library, ref.run(setup, PARAMS0, reference_grads, STEPS))
 
 
-@pytest.mark.parametrize("merge", ["eager", "delayed"])
+@pytest.mark.parametrize("merge", ["eager", "delayed", "rebase", "streaming"])
 def test_local_adam_with_its_moments_corrected_equals_the_reference(merge):
-  tx = lordo_jax.local_adam(LR, sync_every=K, axis_name=workers.AXIS, overlap="round", merge=merge)
-  setup = ref.Setup(workers=M, sync_every=K, tau=K, merge=merge, inner="adam", learning_rate=LR)
+  alpha = 0.5 if merge == "streaming" else 0.0
+  tx = lordo_jax.local_adam(
+    LR, sync_every=K, axis_name=workers.AXIS, overlap="round", merge=merge, merge_alpha=alpha
+  )
+  setup = ref.Setup(
+    workers=M, sync_every=K, tau=K, merge=merge, inner="adam", learning_rate=LR, merge_alpha=alpha
+  )
   library, _ = library_run(tx)
   _close(library, ref.run(setup, PARAMS0, reference_grads, STEPS), atol=5e-5)
 
@@ -153,7 +158,7 @@ def test_the_chunk_is_a_top_level_collective_of_carried_state(method):
   [
     (dict(fragments=2), "fragments=2 is not available with overlap='round'"),
     (dict(fault_tolerant=True), "fault_tolerant=True is not available"),
-    (dict(merge="rebase"), "merge='rebase' is not accepted"),
+    (dict(merge="rebased"), "merge='rebased' is not accepted"),
   ],
 )
 def test_what_a_round_in_flight_does_not_take_is_refused_by_name(options, refused):
@@ -308,7 +313,7 @@ def test_compressed_chunks_lose_nothing_the_residual_does_not_hold(codec, overla
     anchor = np.asarray(state.anchor[0], np.float64)
     if compression:
       flight = state.in_flight
-      (fed,) = chunks_lib.thaw(np.mean(flight.residual, axis=0), (PARAMS0.astype(np.float32),))
+      (fed,) = chunks_lib.thaw((np.mean(flight.residual, axis=0),), (PARAMS0.astype(np.float32),))
       assert np.abs(fed).max() > 1e-6  # something was rounded and held back
       anchor = anchor - fed
     anchors.append(anchor)

@@ -88,6 +88,8 @@ def _assert_matches(tx, params, data, trajectory):
     (1, "streaming", 0.0, {"error_feedback": True, "full_rank_scale": "vector"}),
     ("round", "eager", 0.0, {}),
     ("round", "delayed", 0.0, {"error_feedback": True}),
+    ("round", "rebase", 0.0, {}),
+    ("round", "streaming", 0.5, {"side": "right"}),
   ],
 )
 def test_lordo_in_flight_matches_the_reference(tau, merge, alpha, options):
@@ -163,3 +165,20 @@ def test_lordo_compressed_in_flight_matches_the_reference(tau, merge, compressio
   residual = np.asarray(workers.worker_state(0).in_flight.residual)
   assert np.abs(reference.residuals[0]).max() > 1e-4  # the encodings lost something
   np.testing.assert_allclose(residual, reference.residuals[0], rtol=0, atol=1e-5)
+
+
+def test_one_workers_eager_reference_is_the_blocking_reference():
+  """The reference's eager round with one worker is its blocking round (MATH.md §9):
+  parameters, moments and bases, every step."""
+  cfg = ref.Config(learning_rate=LR, rank=RANK, sync_every=K)
+  data = ref.make_regression(12, 8, 1, STEPS, seed=8, basis="random", **MOVING_TARGET)
+  params = ref.initial_params(12, 8, 8)
+  eager = functools.partial(overlap_ref.InFlight, overlap=overlap_ref.Overlap("round", "eager"))
+  _, blocking_run = ref.run(cfg, params, data["x"], data["y"])
+  _, eager_run = ref.run(cfg, params, data["x"], data["y"], eager)
+  for t, (want, got) in enumerate(zip(blocking_run, eager_run, strict=True), start=1):
+    np.testing.assert_allclose(got["bases"]["w"], want["bases"]["w"], atol=1e-10, err_msg=f"{t}")
+    for leaf in ("w", "b"):
+      np.testing.assert_allclose(
+        got["params"][0][leaf], want["params"][0][leaf], atol=1e-10, err_msg=f"step {t}"
+      )
