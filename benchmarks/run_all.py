@@ -19,8 +19,9 @@ LoRDO's quality per projection; it reads the quality study's results) where pres
 then the studies of the paper's regime: ``fidelity.py`` (each of the paper's variants
 alone), ``paper_protocol.py`` (its protocol as a whole, next to ours) and
 ``long_horizon.py`` (the claims at 1,024 and 2,048 steps; many CPU-hours in full mode,
-cached run by run), and ``overlap_quality.py`` (what each overlap and merge costs in
-quality at 1,024 steps, at the long-horizon study's rates).
+cached run by run), ``overlap_quality.py`` (what each overlap and merge costs in
+quality at 1,024 steps, at the long-horizon study's rates) and ``overlap_outer.py``
+(the outer optimizer for a whole round in flight, swept at 1,024 steps).
 A study gets ``--quick`` and ``--out`` when its ``--help`` offers them; in quick
 mode a study that offers neither is skipped, so quick mode never writes over the
 committed full results. The wall time of each study goes to ``run_all.json``.
@@ -50,6 +51,7 @@ STUDIES = (
   "paper_protocol",
   "long_horizon",
   "overlap_quality",
+  "overlap_outer",
 )
 RESULTS = HERE / "results"
 QUICK_RESULTS = ROOT / "runs" / "benchmarks_quick"

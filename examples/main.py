@@ -37,8 +37,9 @@ With ``--overlap round`` (or a tau below ``--sync-every``) and ``--merge``, ever
 built on a round averages each round's message while its workers go on (lordo_jax's
 ``overlap``, MATH.md §9); the table's "90% busy at" is then the overlapped one. The
 default table's last row, ``lordo_int8_overlap``, is LoRDO with its pseudo-gradient in
-int8 and a whole round in flight: the least bandwidth of any configuration, at a cost
-in loss (docs/guides/overlap.md, "What it costs in quality").
+int8 and a whole round in flight, merged eagerly with an outer SGD step of 0.7 (the best
+of the outer optimizer study): the least bandwidth of any configuration, at a cost in
+loss (docs/guides/overlap.md, "What it costs in quality").
 
 With ``--checkpoint-dir`` each method saves checkpoints under ``DIR/<method>``;
 ``--resume`` continues every method that has one from its latest (a method without
@@ -97,7 +98,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     default=None,
     help="comma-separated lordo_jax methods to train, among lordo, low_rank_ddp, ddp, "
     "diloco, local_adam, desloc, lordo_local_projection, lordo_global_projection_only "
-    "and lordo_int8_overlap (LoRDO with an int8 pseudo-gradient and overlap='round') "
+    "and lordo_int8_overlap (LoRDO with an int8 pseudo-gradient, overlap='round' and an "
+    "outer step of 0.7) "
     "(default: lordo,low_rank_ddp,ddp,diloco,lordo_int8_overlap, those the installed "
     "lordo_jax provides)",
   )
@@ -135,8 +137,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     "--merge",
     choices=("eager", "delayed", "rebase", "streaming"),
     default=None,
-    help="how a message in flight lands: eager (default) or delayed with --overlap round, "
-    "rebase (default) or streaming with an int --overlap",
+    help="how a message in flight lands: eager (default), delayed, rebase or streaming "
+    "with --overlap round; rebase (default) or streaming with an int --overlap",
   )
   add(
     "--rank",

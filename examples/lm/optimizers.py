@@ -30,8 +30,15 @@ from . import model as model_lib
 # The methods the main command compares, in the order of its table.
 DEFAULT_METHODS = ("lordo", "low_rank_ddp", "ddp", "diloco", "lordo_int8_overlap")
 # Named configurations of a method: LoRDO for slow links, its pseudo-gradient in int8
-# and a whole round in flight (the least bandwidth, at a cost in loss: the overlap guide).
-VARIANTS = {"lordo_int8_overlap": ("lordo", {"compression": "int8", "overlap": "round"})}
+# and a whole round in flight (the least bandwidth, at a cost in loss: the overlap guide),
+# merged eagerly with an outer step of 0.7 (SGD), which the outer optimizer study found
+# best for LoRDO's eager merge (BENCHMARKS.md, "The outer optimizer for a round in flight").
+VARIANTS = {
+  "lordo_int8_overlap": (
+    "lordo",
+    {"compression": "int8", "overlap": "round", "merge": "eager", "outer_learning_rate": 0.7},
+  )
+}
 # Every optimizer factory the examples know how to configure.
 KNOWN_METHODS = (
   "lordo",
@@ -106,8 +113,12 @@ def get_optimizer(
   """The optimizer ``lordo_jax.<name>`` with the options its signature accepts.
 
   ``extra_options`` go to the factory as they are (``{"omega": 1.0}``, say), after
-  the common options above, which they override; the factory checks them. Two are
-  read here instead: ``quadratic_sync_alpha`` (a float) makes ``sync_every`` the
+  the common options above, which they override; the factory checks them. Some are
+  read here instead: ``outer_learning_rate`` and ``outer_momentum``, for a factory
+  that takes an ``outer_optimizer`` but not these two (``lordo``, ``local_adam``),
+  build it: ``optax.sgd(outer_learning_rate, outer_momentum, nesterov=True)`` (SGD
+  without momentum where it is 0; DiLoCo's outer optimizer, a JSON-friendly form);
+  ``quadratic_sync_alpha`` (a float) makes ``sync_every`` the
   Quadratic Synchronization Rule, ``lordo_jax.quadratic_sync_rule(sync_every,
   alpha, learning_rate, warmup_steps=warmup_steps)``; ``lr_scale`` (a float ``c``)
   multiplies the learning rate: ``lr_t -> c lr_t`` (the LoRDO authors halve LoRDO's
@@ -142,7 +153,23 @@ def get_optimizer(
     # options lordo takes.
     accepted = {**inspect.signature(lordo_jax.lordo).parameters, **accepted}
   options = {k: v for k, v in options.items() if k in accepted}
+  if "outer_learning_rate" not in accepted and "outer_optimizer" in accepted:
+    outer = [extra_options.pop(k, None) for k in ("outer_learning_rate", "outer_momentum")]
+    if outer != [None, None]:
+      extra_options["outer_optimizer"] = nesterov_outer(*outer)
   return factory(learning_rate, **(options | extra_options))
+
+
+def nesterov_outer(
+  learning_rate: float | None, momentum: float | None
+) -> optax.GradientTransformation:
+  """``optax.sgd(learning_rate, momentum, nesterov=True)``, DiLoCo's outer optimizer, with
+  the averaging outer's rate 1 and no momentum for what is not given (``momentum=0``:
+  plain SGD)."""
+  learning_rate = 1.0 if learning_rate is None else learning_rate
+  if not momentum:
+    return optax.sgd(learning_rate)
+  return optax.sgd(learning_rate, momentum=momentum, nesterov=True)
 
 
 def _scaled(learning_rate: optax.ScalarOrSchedule, scale: float) -> optax.ScalarOrSchedule:

@@ -17,6 +17,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import fidelity  # noqa: E402
 import long_horizon  # noqa: E402
+import overlap_outer  # noqa: E402
 import overlap_quality  # noqa: E402
 import paper_protocol  # noqa: E402
 import quality  # noqa: E402
@@ -365,3 +366,60 @@ def test_the_overlap_study_reports_a_row_with_the_seeds_it_has():
   by = {(r["method"], r["overlap"]): r for r in rows}
   assert list(by["lordo", "tau=4 rebase"]["losses"]) == ["0", "1"]
   assert len(by["lordo", "round eager"]["losses"]) == 3
+
+
+def test_the_outer_study_names_each_setting_and_reuses_the_blocking_runs():
+  """The blocking rows are the refresh study's LoRDO (subspace iteration, named) and the
+  long-horizon study's DiLoCo; eager at a method's own outer optimizer is the overlap
+  study's row; every other setting has a file of its own whose options build it."""
+  rates = {"lordo": 0.0125, "diloco": 5e-4}
+  lordo = overlap_outer.Row("lordo", None, (1.0, 0.0)).spec(STUDY, 1024, rates, 0)
+  assert dict(lordo.variant.options) == {"projection": "subspace_iteration"}
+  assert lordo.variant.name == "lordo_subspace_iteration"
+  diloco = overlap_outer.Row("diloco", None, (0.7, 0.9)).spec(STUDY, 1024, rates, 0)
+  assert diloco.file_name() == long_horizon.spec(STUDY, 1024, "diloco", 5e-4, 0).file_name()
+  eager = overlap_outer.Row("diloco", "eager", (0.7, 0.9)).spec(STUDY, 1024, rates, 0)
+  assert (
+    eager.file_name()
+    == overlap_quality.spec(STUDY, 1024, "diloco", "round eager", 5e-4, 0).file_name()
+  )
+  tuned = overlap_outer.Row("lordo", "eager", (0.3, 0.6), workers=4).spec(STUDY, 1024, rates, 1)
+  assert tuned.num_workers == 4 and tuned.seed == 1 and tuned.steps == 1024
+  assert dict(tuned.variant.options).items() >= {
+    "overlap": "round", "merge": "eager", "outer_learning_rate": 0.3, "outer_momentum": 0.6
+  }.items()  # fmt: skip
+  names = {
+    overlap_outer.Row(m, merge, outer).spec(STUDY, 1024, rates, 0).file_name()
+    for m in overlap_outer.METHODS
+    for merge in ("eager", "delayed", "rebase")
+    for outer in overlap_outer.GRID
+  }
+  assert len(names) == len(overlap_outer.METHODS) * 3 * len(overlap_outer.GRID)
+
+
+def test_the_outer_study_takes_its_later_steps_from_the_earlier_ones():
+  """The seeds, M sweep and delayed runs follow the eager grid's best settings; rebase
+  runs every seed only where it beats eager; each row is read against the blocking run
+  of its own method, M and seed."""
+
+  def loss(row, seed):
+    if row.merge is None:
+      return 2.0 + 0.1 * seed
+    best = {"lordo": ("eager", (0.7, 0.0)), "diloco": ("rebase", (0.7, 0.9))}[row.method]
+    return 2.2 if (row.merge, row.outer) == best else 2.5
+
+  steps = overlap_outer.plan(STUDY, 1024, {"lordo": 1e-2, "diloco": 1e-3}, loss)
+  blocking_and_rebase, grid, finals, workers, delayed = steps
+  assert {r.merge for r in grid} == {"eager"} and len(grid) == 2 * len(overlap_outer.GRID) + 2
+  assert overlap_outer.Row("lordo", "eager", (0.7, 0.0)) in finals
+  assert overlap_outer.Row("diloco", "rebase", (0.7, 0.9)) in finals
+  assert not any(r.method == "lordo" and r.merge == "rebase" for r in finals)
+  assert {r.workers for r in workers} == set(overlap_outer.WORKERS)
+  assert overlap_outer.Row("lordo", "eager", (0.7, 0.0), workers=2) in workers
+  assert len(delayed) == 2 * overlap_outer.BEST_DELAYED
+  assert overlap_outer.Row("lordo", "delayed", (0.7, 0.0)) in delayed
+  report = overlap_outer.results(steps, STUDY.seeds, loss)
+  (row,) = [r for r in report["best"] if r["method"] == "lordo" and r["merge"] == "eager"]
+  paired = [(2.2 - (2.0 + 0.1 * s)) / (2.0 + 0.1 * s) for s in STUDY.seeds]
+  assert row["vs_blocking"] == pytest.approx(sum(paired) / len(paired))
+  assert row["losses"] == {"0": 2.2, "1": 2.2, "2": 2.2}

@@ -16,6 +16,7 @@ import pathlib
 import sys
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
@@ -150,3 +151,28 @@ def matrices(state):
     for s in jax.tree.leaves(state, is_leaf=lordo_jax.state._warm_start.is_matrix_state)
     if lordo_jax.state._warm_start.is_matrix_state(s)
   ]
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_an_outer_rate_and_momentum_build_lordos_outer_optimizer(momentum):
+  """``outer_learning_rate`` / ``outer_momentum`` (DiLoCo's keywords, the outer optimizer
+  study's options) give a factory that takes only ``outer_optimizer`` Nesterov SGD."""
+  params = {"w": jnp.linspace(-1.0, 1.0, 48).reshape(8, 6)}
+  grads = {"w": jnp.cos(jnp.arange(48.0)).reshape(8, 6)}
+  common = dict(learning_rate=1e-2, axis_name=None, rank=2, sync_every=2, refresh_every=2)
+
+  def two_steps(tx):
+    state, p = tx.init(params), params
+    for _ in range(2):
+      updates, state = tx.update(grads, state, p)
+      p = optax.apply_updates(p, updates)
+    return p["w"]
+
+  given = optimizers.get_optimizer(
+    "lordo", **common, extra_options={"outer_learning_rate": 0.5, "outer_momentum": momentum}
+  )
+  outer = optax.sgd(0.5, momentum=momentum or None, nesterov=bool(momentum))
+  direct = lordo_jax.lordo(1e-2, rank=2, sync_every=2, outer_optimizer=outer)
+  default = optimizers.get_optimizer("lordo", **common)
+  np.testing.assert_array_equal(two_steps(given), two_steps(direct))
+  assert np.max(np.abs(two_steps(given) - two_steps(default))) > 1e-4

@@ -1,0 +1,307 @@
+r"""The outer optimizer for a whole round in flight: a sweep of its rate and momentum.
+
+    python benchmarks/overlap_outer.py           # the sweep, 1,024 steps: CPU-hours
+    python benchmarks/overlap_outer.py --cached  # report what is cached, train nothing
+    python benchmarks/overlap_outer.py --quick   # tiny preset, 96 steps: a few minutes
+
+``overlap="round"`` (MATH.md §9) lands each round's mean one round late. The overlap
+study (:mod:`overlap_quality`) kept each method's outer optimizer, which a blocking
+round was tuned for, and lost 41% (LoRDO) and 75% (DiLoCo). On the round's mean
+dynamics (identical workers, a round of local steps covers a fraction ``a`` of the way:
+``D = a e``) the eager merge is ``e' = e - c ((1 - 1/M) e_old + e / M)`` with
+``c = eta a`` for an outer SGD of rate ``eta``: its spectral radius at M = 8 is 0.89 at
+``eta = 1, a = 0.9``, smallest (0.48) near ``c = 0.27``; momentum 0.9 makes it worse.
+This study measures it: LoRDO and DiLoCo on the overlap study's LM (small preset, 8
+simulated workers, r = 32, K = 16, 1,024 steps: 64 rounds, each at the long-horizon
+study's best inner rate), ``overlap="round"``:
+
+1. the rebase merge (each worker keeps its own steps and adds the mean minus its own
+   message when the mean lands: the limit tau = K of ``overlap=tau``'s rebase) at
+   :data:`REBASE_OUTERS`, seed 0;
+2. eager, outer rate x Nesterov momentum on :data:`RATES` x :data:`MOMENTA`, seed 0;
+3. the best eager settings at every seed, against the blocking round (and rebase's,
+   where they beat eager's);
+4. the worker count M in :data:`WORKERS` at the best eager settings and at the method's
+   own outer optimizer, and the blocking round, seed 0;
+5. delayed at the eager grid's best three settings of each method, seed 0.
+
+The outer optimizer is ``optax.sgd(rate, momentum, nesterov=True)`` (DiLoCo's kind; SGD
+without momentum at 0); LoRDO's default is SGD at rate 1 (the workers' mean) and
+DiLoCo's rate 0.7 and momentum 0.9, which the grid's rows at those settings are.
+Runs go to the quality study's cache (:mod:`lm_runs`), each step's runs in turn, so an
+interrupted study has its most useful rows; ``--cached`` writes the report of what is
+there.
+"""
+
+import os
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # Before NumPy loads: see quality.py.
+
+import dataclasses  # noqa: E402
+import math  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+
+import long_horizon  # noqa: E402
+import overlap_quality  # noqa: E402
+import quality  # noqa: E402
+from harness import lm_runs  # noqa: E402
+from harness import studies  # noqa: E402
+from harness import variants  # noqa: E402
+
+NAME = "overlap_outer"
+STEPS = overlap_quality.STEPS
+METHODS = overlap_quality.METHODS
+RATES = (0.1, 0.3, 0.7)
+MOMENTA = (0.0, 0.6, 0.9)
+# The grid in the order it is trained: what the mean dynamics predict best first.
+GRID = tuple(
+  (rate, momentum) for momentum in MOMENTA for rate in sorted(RATES, key=lambda r: abs(r - 0.3))
+)
+# Each method's outer optimizer as the library builds it (a blocking round's).
+DEFAULT_OUTER = {"lordo": (1.0, 0.0), "diloco": (0.7, 0.9)}
+# LoRDO's default basis refresh, named, so that its blocking runs are the refresh study's.
+NAMED_OPTIONS = {"lordo": (("projection", "subspace_iteration"),), "diloco": ()}
+WORKERS = (2, 4, 8)
+BEST_DELAYED = 3  # Delayed runs at this many of the eager grid's best settings.
+# The rebase merge with a whole round in flight (tau = K): at the method's own outer
+# optimizer and at the other method's kind of outer step.
+REBASE_OUTERS = {"lordo": ((1.0, 0.0), (0.7, 0.9)), "diloco": ((0.7, 0.9), (1.0, 0.0))}
+
+
+def variant(method: str, merge: str | None, outer: tuple[float, float]) -> variants.Variant:
+  """``method`` with a round in flight merged by ``merge`` (``None``: blocking) and the
+  outer optimizer ``outer = (rate, momentum)``; the method's own variant where both are
+  its defaults."""
+  base = variants.by_name(method)
+  options = NAMED_OPTIONS[method]
+  name = "_".join([method, *(str(value) for _, value in options)])
+  if merge is not None:
+    options += (("overlap", "round"), ("merge", merge))
+    name = f"{method}_round_{merge}"
+  if outer != DEFAULT_OUTER[method]:
+    options += (("outer_learning_rate", outer[0]), ("outer_momentum", outer[1]))
+    name += f"_outer{outer[0]:g}m{outer[1]:g}"
+  return base._replace(name=name, options=base.options + options)
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+  """One configuration: a method, its merge (``None``: blocking), outer settings, M."""
+
+  method: str
+  merge: str | None
+  outer: tuple[float, float]
+  workers: int = 8
+
+  def spec(self, study, steps, rates, seed) -> lm_runs.RunSpec:
+    run = study.spec(variant(self.method, self.merge, self.outer), rates[self.method], seed)
+    return dataclasses.replace(run, steps=steps, num_workers=self.workers)
+
+
+def best(rows: list[Row], loss) -> list[Row]:
+  """``rows`` by their seed-0 loss, best first (rows not yet run last)."""
+  return sorted(rows, key=lambda row: math.inf if loss(row, 0) is None else loss(row, 0))
+
+
+def plan(study, steps, rates, loss) -> list[list[Row]]:
+  """The study's steps in the order they are trained, each a list of rows (see
+  :data:`STEPS_SEEDS`); a later step reads the losses of the earlier ones
+  (``loss(row, seed)``, None if not run)."""
+  blocking = [Row(m, None, DEFAULT_OUTER[m]) for m in METHODS]
+  rebase = [Row(m, "rebase", outer) for m in METHODS for outer in REBASE_OUTERS[m]]
+  eager = [Row(m, "eager", outer) for outer in GRID for m in METHODS]
+  eager += [Row(m, "eager", DEFAULT_OUTER[m]) for m in METHODS]
+  top = {m: best([r for r in eager if r.method == m], loss) for m in METHODS}
+  top_rebase = {m: best([r for r in rebase if r.method == m], loss) for m in METHODS}
+  delayed = [Row(m, "delayed", r.outer) for m in METHODS for r in top[m][:BEST_DELAYED]]
+  # Every seed for the best eager settings, and for rebase where it beats them.
+  finals = blocking + [top[m][0] for m in METHODS]
+  finals += [
+    top_rebase[m][0]
+    for m in METHODS
+    if best([top[m][0], top_rebase[m][0]], loss)[0].merge != "eager"
+  ]
+  workers = [
+    dataclasses.replace(row, workers=w)
+    for rows in ((top[m][0], Row(m, None, DEFAULT_OUTER[m])) for m in METHODS)
+    for w in WORKERS
+    for row in rows
+  ]
+  workers += [
+    dataclasses.replace(Row(m, "eager", DEFAULT_OUTER[m]), workers=w)
+    for m in METHODS
+    for w in WORKERS
+  ]
+  return [blocking + rebase, eager, finals, workers, delayed]
+
+
+# Each step of plan(): whether it runs every seed (else seed 0).
+STEPS_SEEDS = (False, False, True, False, False)
+
+
+def main(argv=None) -> int:
+  args = studies.parse_args(
+    __doc__, "tiny preset, 96 steps, 1 seed", argv, extra=overlap_quality.add_options
+  )
+  start = time.perf_counter()
+  study = quality.QUICK if args.quick else quality.FULL
+  steps = 96 if args.quick else STEPS
+  rates = (
+    {m: study.learning_rates[0] for m in METHODS}
+    if args.quick
+    else overlap_quality.tuned_rates(args.out, steps)
+  )
+  args.flags = ["--cached"] if args.cached else []
+  cache = args.out / "runs"
+  stored = long_horizon.Runs(cache, train=False)
+
+  def loss(row: Row, seed: int) -> float | None:
+    return long_horizon.final(stored.get(row.spec(study, steps, rates, seed)))
+
+  seeds_of = [study.seeds if every else study.seeds[:1] for every in STEPS_SEEDS]
+  if not args.cached:
+    trainer = long_horizon.Runs(cache, train=True)
+    for index, seeds in enumerate(seeds_of):
+      for row in plan(study, steps, rates, loss)[index]:
+        for seed in seeds:
+          if args.quick and row.workers != 8:
+            continue
+          trainer.get(row.spec(study, steps, rates, seed))
+  steps_rows = plan(study, steps, rates, loss)
+  report = results(steps_rows, study.seeds, loss)
+  studies.write(
+    NAME,
+    args,
+    {"steps": steps, "inner_rates": rates, **report, "wall_time_s": time.perf_counter() - start},
+    "The outer optimizer for a whole round in flight",
+    markdown(report, steps, study),
+    notes(study, rates),
+  )
+  return 0
+
+
+def _summary(row: Row, seeds, loss, blocking: Row) -> dict:
+  """A row's losses per seed, mean and spread, and relative difference from ``blocking``
+  (the same method, M and seed, every sync blocking)."""
+  have = {s: x for s in seeds if (x := loss(row, s)) is not None}
+  base = {s: x for s in seeds if (x := loss(blocking, s)) is not None}
+  paired = [(x - base[s]) / base[s] for s, x in have.items() if s in base]
+  finite = have and all(math.isfinite(x) for x in have.values())
+  return {
+    "method": row.method,
+    "merge": row.merge or "blocking",
+    "outer_learning_rate": row.outer[0],
+    "outer_momentum": row.outer[1],
+    "workers": row.workers,
+    "losses": {str(s): x for s, x in have.items()},
+    "mean": statistics.fmean(have.values()) if finite else None,
+    "spread": statistics.stdev(have.values()) if finite and len(have) > 1 else 0.0,
+    "vs_blocking": statistics.fmean(paired) if paired and finite else None,
+  }
+
+
+def results(steps_rows, seeds, loss) -> dict:
+  """The grid (eager and delayed, seed 0), the best settings at every seed, the M sweep."""
+  blocking = {
+    (r.method, r.workers): r
+    for rows in steps_rows
+    for r in rows
+    if r.merge is None and r.outer == DEFAULT_OUTER[r.method]
+  }
+
+  def summary(row, on_seeds):
+    own = Row(row.method, None, DEFAULT_OUTER[row.method], row.workers)
+    reference = blocking.get((row.method, row.workers), own)
+    return _summary(row, on_seeds, loss, reference)
+
+  rows = dict.fromkeys([*steps_rows[0], *steps_rows[1], *steps_rows[4]])
+  grid = [summary(r, seeds[:1]) for r in rows if r.merge is not None]
+  finals = [summary(r, seeds) for r in dict.fromkeys(steps_rows[2])]
+  workers = [summary(r, seeds[:1]) for r in dict.fromkeys(steps_rows[3])]
+  return {"grid": grid, "best": finals, "workers": workers}
+
+
+def _fmt(x, spec=".4f"):
+  return "-" if x is None else format(x, spec)
+
+
+def _percent(x):
+  return "-" if x is None else f"{100 * x:+.1f}%"
+
+
+def markdown(report: dict, steps: int, study) -> list[str]:
+  lines = [f"**{steps} steps ({steps // study.sync_every} rounds of K = {study.sync_every})**", ""]
+  lines += ["Seed 0, each merge and outer rate x Nesterov momentum, vs the blocking round:", ""]
+  grid_rows = [
+    [
+      r["method"],
+      r["merge"],
+      f"{r['outer_learning_rate']:g}",
+      f"{r['outer_momentum']:g}",
+      _fmt(r["mean"]),
+      _percent(r["vs_blocking"]),
+    ]
+    for r in report["grid"]
+  ]
+  lines += studies.table(
+    ["method", "merge", "outer rate", "momentum", "final val loss", "vs blocking"],
+    grid_rows,
+    align="llrrrr",
+  )
+  lines += ["", "The best settings at every seed:", ""]
+  lines += studies.table(
+    ["method", "merge", "outer rate", "momentum", "loss per seed", "mean +- sd (n)", "vs blocking"],
+    [
+      [
+        r["method"],
+        r["merge"],
+        f"{r['outer_learning_rate']:g}",
+        f"{r['outer_momentum']:g}",
+        ", ".join(f"{x:.4f}" for x in r["losses"].values()) or "not yet run",
+        "-"
+        if r["mean"] is None
+        else f"{r['mean']:.4f} +- {r['spread']:.4f} (n={len(r['losses'])})",
+        _percent(r["vs_blocking"]),
+      ]
+      for r in report["best"]
+    ],
+    align="llrrrrr",
+  )
+  lines += ["", "The worker count M, seed 0 (each against the blocking round at the same M):", ""]
+  lines += studies.table(
+    ["method", "merge", "outer rate", "momentum", "M", "final val loss", "vs blocking"],
+    [
+      [
+        r["method"],
+        r["merge"],
+        f"{r['outer_learning_rate']:g}",
+        f"{r['outer_momentum']:g}",
+        str(r["workers"]),
+        _fmt(r["mean"]),
+        _percent(r["vs_blocking"]),
+      ]
+      for r in report["workers"]
+    ],
+    align="llrrrrr",
+  )
+  return lines
+
+
+def notes(study, rates) -> list[str]:
+  return [
+    f"The {study.preset} preset, r = {study.rank}, K = {study.sync_every}, batch "
+    f"{study.batch_size} per worker, warmup {study.warmup_steps} then cosine over the run; "
+    f"inner rates {rates} (the long-horizon study's best at this horizon); seeds "
+    f"{list(study.seeds)}.",
+    "Outer optimizer: optax.sgd(rate, momentum, nesterov=True), plain SGD at momentum 0. "
+    "LoRDO's blocking default is rate 1, momentum 0 (the workers' mean); DiLoCo's 0.7, 0.9.",
+    "vs blocking: the relative difference of the final validation loss from the same method, "
+    "seed and M with every sync blocking at the method's default outer optimizer (positive: "
+    "worse); its mean over the seeds present.",
+  ]
+
+
+if __name__ == "__main__":
+  lm_runs.simulate_devices()
+  raise SystemExit(main())
