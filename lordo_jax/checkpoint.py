@@ -81,10 +81,32 @@ def _for_saving(value):
   return value if isinstance(value, jax.Array) else np.asarray(value)
 
 
+def _normalised(leaf: dict) -> str:
+  """A leaf's key path with attributes, dict keys and indices spelled alike.
+
+  ``nnx.Optimizer`` holds a moment as a NamedTuple before its first update and as a
+  dict after it (``...value.basis`` against ``...value['basis']``): the same leaf.
+  Two leaves that differ only in that spelling are the same leaf; :func:`_nest`
+  already refuses, at save time, two leaves whose entries stringify alike.
+  """
+  return "/".join(leaf["keys"])
+
+
 def _sharding(like):
+  """A concrete sharding for restoring into ``like``.
+
+  A target from ``jax.eval_shape`` may carry a ``NamedSharding`` over an
+  ``AbstractMesh`` (axis names and sizes, no devices); it is resolved against this
+  process's devices with ``jax.make_mesh`` (same axis names, sizes and types). A leaf
+  with no sharding is restored onto the first local device.
+  """
   sharding = getattr(like, "sharding", None)
   if sharding is None:
-    sharding = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    return jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+  mesh = getattr(sharding, "mesh", None)
+  if isinstance(mesh, jax.sharding.AbstractMesh):
+    concrete = jax.make_mesh(mesh.axis_sizes, mesh.axis_names, axis_types=mesh.axis_types)
+    return jax.sharding.NamedSharding(concrete, sharding.spec)
   return sharding
 
 
@@ -97,6 +119,13 @@ def _zeros(like, leaf: dict):
       shape, sharding, lambda index: np.zeros(shape, dtype)[index]
     )
   return np.zeros(shape, dtype)
+
+
+def _by_saved_key(leaves: list[dict], like: Any) -> dict:
+  """The target's leaves keyed by normalised path (see :func:`_normalised`)."""
+  return {
+    _normalised(leaf): x for leaf, x in zip(_describe(like), jax.tree.leaves(like), strict=True)
+  }
 
 
 def _listing(header: str, lines: list[str]) -> Iterator[str]:
@@ -119,18 +148,18 @@ def check_layout(
     where: the checkpoint's directory and step, for the message.
     saved_type: the type name of the saved tree's root, for the message.
   """
-  target = {leaf["path"]: leaf for leaf in _describe(like)}
-  stored = {leaf["path"]: leaf for leaf in saved}
-  missing = [path for path in stored if path not in target]
-  extra = [path for path in target if path not in stored]
+  target = {_normalised(leaf): leaf for leaf in _describe(like)}
+  stored = {_normalised(leaf): leaf for leaf in saved}
+  missing = [leaf["path"] for key, leaf in stored.items() if key not in target]
+  extra = [leaf["path"] for key, leaf in target.items() if key not in stored]
   differing = []
-  for path, leaf in stored.items():
-    if path not in target:
+  for key, leaf in stored.items():
+    if key not in target:
       continue
-    want = target[path]
+    want = target[key]
     if leaf["shape"] != want["shape"] or leaf["dtype"] != want["dtype"]:
       differing.append(
-        f"{path}: {leaf['dtype']}{tuple(leaf['shape'])} in the checkpoint, "
+        f"{leaf['path']}: {leaf['dtype']}{tuple(leaf['shape'])} in the checkpoint, "
         f"{want['dtype']}{tuple(want['shape'])} in the target"
       )
   if not (missing or extra or differing):
@@ -263,20 +292,34 @@ class Checkpointer:
     args = {}
     for item, like in likes.items():
       leaves = layout[item]["leaves"]
+      by_key = _by_saved_key(leaves, like)
       targets = [
-        jax.ShapeDtypeStruct(tuple(leaf["shape"]), np.dtype(leaf["dtype"]), sharding=_sharding(x))
-        for leaf, x in zip(leaves, jax.tree.leaves(like), strict=True)
+        jax.ShapeDtypeStruct(
+          tuple(leaf["shape"]),
+          np.dtype(leaf["dtype"]),
+          sharding=_sharding(by_key[_normalised(leaf)]),
+        )
+        for leaf in leaves
       ]
       nested = _nest(leaves, targets)
       if nested:
         args[item] = ocp.args.StandardRestore(nested)
-    restored = self._manager.restore(step, args=ocp.args.Composite(**args)) if args else {}
+    try:
+      restored = self._manager.restore(step, args=ocp.args.Composite(**args)) if args else {}
+    # orbax's refusals of a target (not I/O errors), under many frames: in one line.
+    except (ValueError, TypeError, NotImplementedError) as error:
+      raise CheckpointMismatchError(
+        f"checkpoint {where}: orbax could not read it into the targets' shardings "
+        f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}). "
+        "Give targets whose shardings name this process's devices (or no sharding)."
+      ) from None
 
     out = []
     for item, like in likes.items():
-      leaves = layout[item]["leaves"]
+      leaves = {_normalised(leaf): leaf for leaf in layout[item]["leaves"]}
       values = []
-      for leaf, x in zip(leaves, jax.tree.leaves(like), strict=True):
+      for target, x in zip(_describe(like), jax.tree.leaves(like), strict=True):
+        leaf = leaves[_normalised(target)]
         if 0 in leaf["shape"]:
           values.append(_zeros(x, leaf))
           continue
@@ -359,8 +402,16 @@ def restore(directory, step: int | None, params_like: Any, opt_state_like: Any):
   targets first, so a checkpoint from an optimizer built differently (another rank,
   another method, another number of workers) fails with
   :class:`CheckpointMismatchError` naming the leaves that differ, before anything is
-  read. Restored arrays take the sharding of the targets' leaves; leaves with no
-  elements, which are not written, come back as zeros of the target's sharding.
+  read. Leaves are matched by key path with attributes, dict keys and indices spelled
+  alike, so a NamedTuple saved as a dict (``nnx.Optimizer`` after its first update)
+  restores into the NamedTuple a fresh one holds, and the reverse. The targets may be
+  arrays, or ``jax.ShapeDtypeStruct`` (``jax.eval_shape``) with or without a sharding;
+  a ``NamedSharding`` over an ``AbstractMesh`` is resolved against this process's
+  devices with ``jax.make_mesh``. Restored arrays take the sharding of the targets'
+  leaves; leaves with no elements, which are not written, come back as zeros of the
+  target's sharding. Orbax's refusal of a target while reading (a ``ValueError``,
+  ``TypeError`` or ``NotImplementedError``) is raised again as a one-line
+  :class:`CheckpointMismatchError`; an I/O error is raised as it is.
 
   Examples:
     As in :func:`save`; with ``step=None`` the latest step comes back:

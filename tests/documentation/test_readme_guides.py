@@ -28,6 +28,12 @@ def test_checkpoint_example_resumes_bit_identically():
   assert "resumed at step 6: bit-identical True" in run(guide_code("checkpoints"))
 
 
+def test_nnx_checkpoint_example_resumes_from_fresh_and_abstract_targets():
+  code = python_blocks(page_text("docs/guides/checkpoints.md"))[1]
+  assert "nnx.Optimizer" in code
+  assert run(code).count("NNX resumed at step 6: bit-identical True") == 2
+
+
 def test_failed_worker_example_prints_what_the_text_says():
   stdout = run(guide_code("failed_workers"))
   assert "finite: True, workers agree: True" in stdout
