@@ -61,6 +61,7 @@ if __name__ == "__main__" and "--quick" not in sys.argv:  # Before JAX loads.
 
 import argparse  # noqa: E402
 import json  # noqa: E402
+import math  # noqa: E402
 import pathlib  # noqa: E402
 import re  # noqa: E402
 import subprocess  # noqa: E402
@@ -114,6 +115,8 @@ _GEMM_TARGET = re.compile(r'custom_call_target="[^"]*(?:gemm|matmul)[^"]*"', re.
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
 _EXPLICIT_GROUP = re.compile(r"replica_groups=\{\{([\d,]*)\}")
 _IOTA_GROUPS = re.compile(r"replica_groups=\[\d+,(\d+)\]<=")
+_MESH_GROUPS = re.compile(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}")
+_MESH_AXIS = re.compile(r"'([^']+)'=(\d+)")
 
 
 class Instruction(NamedTuple):
@@ -217,12 +220,16 @@ def gemms(module: Module, instruction: Instruction) -> list[bool]:
 
 
 def group_size(line: str) -> int | None:
-  """Devices per replica group of a collective's line (explicit ``{{0,1},{2,3}}`` or iota
-  ``[2,2]<=[4]``); None where it prints none."""
+  """Devices per replica group of a collective's line (explicit ``{{0,1},{2,3}}``, iota
+  ``[2,2]<=[4]``, or, from jax 0.12, a mesh and its reduced axes
+  ``mesh['workers'=8,'data'=1] {'workers'}``); None where it prints none."""
   if match := _EXPLICIT_GROUP.search(line):
     return len([d for d in match.group(1).split(",") if d])
   if match := _IOTA_GROUPS.search(line):
     return int(match.group(1))
+  if match := _MESH_GROUPS.search(line):
+    sizes = {axis: int(size) for axis, size in _MESH_AXIS.findall(match.group(1))}
+    return math.prod(sizes[axis] for axis in re.findall(r"'([^']+)'", match.group(2)))
   return None
 
 

@@ -244,3 +244,21 @@ def test_quick_mode_on_cpu(tmp_path):
     assert bool(top) == (name in ('overlap="round"', "overlap=1, send")), (name, top)
     assert all(c["group_size"] == 8 and c["op"] == "all-reduce" for c in p["collectives"])
     assert f"| lordo | {name} | default | {p['gemms']} ({p['model_gemms']}) |" in markdown
+
+
+@pytest.mark.parametrize(
+  ("groups", "size"),
+  [
+    ("replica_groups={{0,1,2,3},{4,5,6,7}}", 4),
+    ("replica_groups=[4,2]<=[8]", 2),
+    ("replica_groups=mesh['workers'=8,'data'=1] {'workers'}", 8),
+    ("replica_groups=mesh['workers'=8,'data'=1] {'data'}", 1),
+    ("replica_groups=mesh['workers'=4,'data'=2] {'workers','data'}", 8),
+    ("channel_id=1", None),
+  ],
+)
+def test_group_size_reads_each_form_xla_prints(groups, size):
+  """Explicit groups, iota groups and jax 0.12's mesh form (a reduction over an axis of
+  size one, the model's backward pass over ``data``, sends nothing)."""
+  line = f"%all-reduce = f32[8]{{0}} all-reduce(f32[8]{{0}} %x), {groups}, to_apply=%add"
+  assert schedule.group_size(line) == size
