@@ -117,6 +117,8 @@ QUICK_PROJECTIONS = ("subspace_iteration", "svd")  # LoRDO's default and the exa
 REPEATS = {"cpu": 3}  # Full mode's rounds per platform; 5 elsewhere.
 WATCHDOG_S = 3600  # A section and dtype that runs longer has hung: traceback, exit.
 MB = 1e6
+PHASED = "lordo, round phase"  # LoRDO's local steps compiled without the round (round_phase).
+PHASES = ("local", "boundary")
 
 
 def parse_args(argv=None):
@@ -245,6 +247,7 @@ class Candidate:
     sizes = lordo_jax.state_bytes(carry[1])
     self.state_bytes = {"device": sizes["device"], "host": sizes["host"]}
     self.memory, self.compile_s = compiled_memory(compiled), compile_s
+    self.compiled = compiled  # Its HLO for step_profile.py.
 
   def syncs(self) -> int | None:
     """Syncs its state counted (``SynchronizeState.syncs``); None without a round."""
@@ -295,6 +298,9 @@ def optimizers_of(rank: int, period: int, projections, without=()) -> dict[tuple
   for projection in projections:
     tx = lordo_jax.lordo(LEARNING_RATE, projection=projection, **common)
     out["lordo", projection, False] = (tx, lordo_kind(period))
+  if default_projection() in projections:
+    tx = lordo_jax.lordo(LEARNING_RATE, **common)
+    out[PHASED, default_projection(), False] = (tx, lordo_kind(period))
   if "galore" in without:
     del out["galore", None, False]
   if offload_skipped() is None and "offload" not in without:
@@ -303,18 +309,28 @@ def optimizers_of(rank: int, period: int, projections, without=()) -> dict[tuple
   return out
 
 
-def optimizer_step(tx, params, grads, period: int, kind) -> Candidate:
-  """One jitted step of ``tx`` on its own copy of ``params``, params and state donated."""
+def optimizer_step(tx, params, grads, period: int, kind, phased: bool = False) -> Candidate:
+  """One jitted step of ``tx`` on its own copy of ``params``, params and state donated;
+  ``phased``: two programs, each update taking ``lordo_jax.round_phase``'s (the local
+  one measured for memory and compile time, the other compiled at its first use)."""
   carry = [own_buffers(params), own_buffers(tx.init(params))]
 
-  def step(params, state, grads):
-    updates, state = tx.update(grads, state, params)
+  def step(params, state, grads, phase):
+    extra = {} if phase is None else {"round_phase": phase}
+    updates, state = tx.update(grads, state, params, **extra)
     return optax.apply_updates(params, updates), state
 
-  compiled, seconds = compiled_timed(jax.jit(step, donate_argnums=(0, 1)), *carry, grads)
+  jitted = jax.jit(step, donate_argnums=(0, 1), static_argnums=3)
+  first = "local" if phased else None
+  compiled, seconds = compiled_timed(jitted, *carry, grads, first)
+  programs, done = {first: compiled}, [0]
 
   def call():
-    carry[:] = compiled(*carry, grads)
+    phase = lordo_jax.round_phase(done[0], sync_every=period) if phased else None
+    if phase not in programs:
+      programs[phase] = jitted.lower(*carry, grads, phase).compile()
+    carry[:] = programs[phase](*carry, grads)
+    done[0] += 1
     return carry
 
   return Candidate(call, carry, compiled, seconds, period, kind)
@@ -325,7 +341,7 @@ def optimizer_section(dtype: str, shapes, rank, period, projections, without=())
   params = random_tree(shapes, dtype, 0.02, seed=0)
   grads = random_tree(shapes, dtype, 1.0, seed=1)
   return {
-    key: optimizer_step(tx, params, grads, period, kind)
+    key: optimizer_step(tx, params, grads, period, kind, phased=key[0] == PHASED)
     for key, (tx, kind) in optimizers_of(rank, period, projections, without).items()
   }
 
@@ -373,7 +389,8 @@ def lm_config(name: str) -> model.ModelConfig:
 
 def lm_methods(projections) -> list[tuple[str, str | None]]:
   """(method, projection) of the LM section."""
-  return [("ddp", None), ("low_rank_ddp", None)] + [("lordo", p) for p in projections]
+  phased = [(PHASED, default_projection())] if default_projection() in projections else []
+  return [("ddp", None), ("low_rank_ddp", None)] + [("lordo", p) for p in projections] + phased
 
 
 def one_worker_mesh() -> jax.sharding.Mesh:
@@ -382,7 +399,10 @@ def one_worker_mesh() -> jax.sharding.Mesh:
 
 
 def lm_step(method, projection, config, apply, params, dataset, period: int) -> Candidate:
-  """``method``'s training step of ``examples/lm`` on one worker, compiled once."""
+  """``method``'s training step of ``examples/lm`` on one worker, compiled once (twice
+  for :data:`PHASED`: its local and boundary programs, the second at its first use)."""
+  phased = method == PHASED
+  method = "lordo" if phased else method
   tx = optimizers.get_optimizer(
     method,
     learning_rate=LM_LEARNING_RATE,
@@ -395,17 +415,25 @@ def lm_step(method, projection, config, apply, params, dataset, period: int) -> 
   mesh = one_worker_mesh()
   worker = NamedSharding(mesh, P(train.AXIS))
   carry = [jax.device_put(train.stack(x, 1), worker) for x in (params, tx.init(params))]
-  step = train.make_step(apply, tx, mesh, jax.tree.map(lambda _: P(train.AXIS), carry[1]))
+  spec = jax.tree.map(lambda _: P(train.AXIS), carry[1])
+  steps = {None: train.make_step(apply, tx, mesh, spec)}
+  if phased:
+    steps = {p: train.make_step(apply, tx, mesh, spec, phase=("round_phase", p)) for p in PHASES}
   batches = data.Batches(dataset, seq_len=config.seq_len, batch_size=LM_BATCH, seed=0)
   batch_sharding = NamedSharding(mesh, P(train.AXIS, train.DATA_AXIS))
 
   def prepare():  # The next batch, on the device before the timer starts.
     return (jax.device_put(batches(), batch_sharding),)
 
-  compiled, seconds = compiled_timed(step, *carry, *prepare())
+  first = "local" if phased else None
+  compiled, seconds = compiled_timed(steps[first], *carry, *prepare())
+  programs, done = {first: compiled}, [0]
 
   def call(batch):
-    carry[0], carry[1], loss = compiled(carry[0], carry[1], batch)
+    phase = lordo_jax.round_phase(done[0], sync_every=period) if phased else None
+    program = programs.get(phase) or steps[phase]
+    carry[0], carry[1], loss = program(carry[0], carry[1], batch)
+    done[0] += 1
     return carry, loss
 
   kind = {"lordo": lordo_kind(period), "low_rank_ddp": refresh_kind(period)}.get(method)
@@ -599,6 +627,11 @@ def notes_of(args, record: dict) -> list[str]:
     "lordo_jax.lordo (axis_name=None) with each projection measured, weight decay "
     f"{WEIGHT_DECAY} for all; LoRDO's low-rank matrices are the paper's (every 2-D leaf "
     "but the embeddings, low_rank_labels); GaLore projects every 2-D leaf.",
+    f"'{PHASED}': LoRDO at its default projection, each update given "
+    "round_phase=lordo_jax.round_phase(step, sync_every=K), a static value: the local "
+    "steps are a program without the round's conditionals, the first update and the "
+    "sync steps the whole program (two programs, the same numbers). 'lordo': one "
+    "program for every step, the round decided on the device.",
     "LM section: examples/lm's train.make_step on a 1 x 1 (workers, data) mesh of the "
     "first device, the methods as optimizers.get_optimizer builds them (rank d/4; "
     f"embeddings and head full-rank; low-rank DDP refreshes every K), learning rate "

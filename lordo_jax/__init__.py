@@ -33,6 +33,7 @@ from lordo_jax.methods.lordo import lordo_local_projection
 from lordo_jax.round import SynchronizeState
 from lordo_jax.round import overlap_phase
 from lordo_jax.round import quadratic_sync_rule
+from lordo_jax.round import round_phase
 from lordo_jax.round import sync_steps
 from lordo_jax.round import synchronize
 from lordo_jax.state import all_reduce_count
@@ -74,6 +75,7 @@ __all__ = [
   "principal_angles",
   "projections",
   "quadratic_sync_rule",
+  "round_phase",
   "quasi_hyperbolic_mix",
   "scale_by_low_rank_adam",
   "state_bytes",

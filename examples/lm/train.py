@@ -171,16 +171,17 @@ def make_step(
   mesh,
   state_spec,
   out_shardings=None,
-  phase: str | None = None,
+  phase: tuple[str, str] | None = None,
 ) -> Callable:
   """The jitted step ``(params, opt_state, batch) -> (params, opt_state, loss)``.
 
   Manual over the ``workers`` and ``data`` axes; an ``fsdp`` axis stays to the
   compiler. ``out_shardings`` (of the three outputs), if given, keeps the layout of the
-  parameters and state from step to step. ``phase``: the steps' ``overlap_phase``, a
-  static value (``lordo_jax.overlap_phase``), for a method with an int ``overlap``.
+  parameters and state from step to step. ``phase``: the steps' static phase as
+  ``(keyword, value)`` (:func:`step_phase`): ``("overlap_phase", ...)`` for a method
+  with an int ``overlap``, ``("round_phase", ...)`` for one with blocking rounds.
   """
-  extra = {} if phase is None else {"overlap_phase": phase}
+  extra = {} if phase is None else dict([phase])
 
   def body(params, opt_state, batch_1BT1):
     squeeze = lambda t: jax.tree.map(lambda x: x[0], t)  # noqa: E731
@@ -283,23 +284,46 @@ def make_optimizer(method: str, config: TrainConfig) -> optax.GradientTransforma
   return optax.chain(optax.clip_by_global_norm(config.clip_norm), tx)
 
 
-def step_phase(t: int, config: TrainConfig, overlap: Any, fragments: int) -> str | None:
-  """Step t's (1-based) ``overlap_phase`` with an int ``overlap``: its steps that send a
-  chunk are a program of their own. ``None`` otherwise (one program)."""
-  if not isinstance(overlap, int):
-    return None
-  return lordo_jax.overlap_phase(
-    t - 1, sync_every=config.sync_every, overlap=overlap, fragments=fragments
-  )
+def step_phase(
+  t: int, config: TrainConfig, overlap: Any, fragments: int | None, updates: int | None = None
+) -> tuple[str, str] | None:
+  """Step t's (1-based) static phase, ``(keyword, value)`` for ``tx.update``, or
+  ``None`` (one program): with an int ``overlap`` its ``overlap_phase`` (the steps that
+  send a chunk are a program of their own); with blocking rounds and an int
+  ``fragments``, the round phase of the optimizer's update number ``updates`` (the
+  local steps compiled without the round's conditionals, which on a GPU cost copies
+  of the state and a read back by the host)."""
+  if isinstance(overlap, int) and not isinstance(overlap, bool):
+    phase = lordo_jax.overlap_phase(
+      t - 1, sync_every=config.sync_every, overlap=overlap, fragments=fragments or 1
+    )
+    return ("overlap_phase", phase)
+  if updates is not None and not overlap and fragments is not None:
+    phase = lordo_jax.round_phase(updates, sync_every=config.sync_every, fragments=fragments)
+    return ("round_phase", phase)
+  return None
 
 
-def fragments_of(method: str, config: TrainConfig) -> int:
+def fragments_of(method: str, config: TrainConfig) -> int | None:
   """The int ``fragments`` ``method`` is built with under ``config``: an ``--option``'s,
-  else its variant's; 1 for none, or for a function of the params (whose count the
-  host cannot see: its steps' phase then costs overlap, never a number)."""
+  else its variant's; 1 for none; ``None`` for a function of the params, whose count
+  the host cannot see (its steps then take no round phase)."""
   options = {**optimizers.factory_of(method)[1], **dict(config.optimizer_options)}
-  fragments = options.get("fragments")
-  return fragments if isinstance(fragments, int) else 1
+  fragments = options.get("fragments", 1)
+  return fragments if isinstance(fragments, int) else None
+
+
+def round_updates(method: str, config: TrainConfig, opt_state) -> int | None:
+  """The updates the round of ``opt_state`` has taken (``lordo_jax.synchronize``'s
+  count, read once on the host), from which the loop computes its steps' round phase;
+  ``None`` without blocking rounds of an int ``sync_every`` (no round, or the
+  Quadratic Synchronization Rule, whose rounds the phase does not follow here)."""
+  options = {**optimizers.factory_of(method)[1], **dict(config.optimizer_options)}
+  is_round = lambda x: isinstance(x, lordo_jax.SynchronizeState)  # noqa: E731
+  rounds = [x for x in jax.tree.leaves(opt_state, is_leaf=is_round) if is_round(x)]
+  if not rounds or options.get("quadratic_sync_alpha") is not None:
+    return None
+  return int(np.asarray(rounds[0].count).ravel()[0])
 
 
 def offload_methods() -> tuple[str, ...]:
@@ -426,12 +450,14 @@ def train(
   opt_state = jax.device_put(opt_state, shardings)
   batch_sharding = NamedSharding(mesh, P(AXIS, DATA_AXIS))
   layout = (jax.tree.map(lambda x: x.sharding, params), shardings, NamedSharding(mesh, P(AXIS)))
-  steps = {}  # One program per phase of an int overlap (two); one otherwise.
+  steps = {}  # One program per phase (step_phase): two with rounds, one without.
 
   overlap, fragments = overlap_of(method, config), fragments_of(method, config)
+  rounds = {}  # The round's update count at the first step of this run (round_updates).
 
   def step(t: int):
-    phase = step_phase(t, config, overlap, fragments)
+    updates = None if rounds["before"] is None else rounds["before"] + t - 1 - first
+    phase = step_phase(t, config, overlap, fragments, updates)
     if phase not in steps:
       steps[phase] = make_step(apply, tx, mesh, state_spec, out_shardings=layout, phase=phase)
     return steps[phase]
@@ -463,6 +489,7 @@ def train(
     batches.seek(position)
     first = config.warm_start_step
   tracker(opt_state)
+  rounds["before"] = round_updates(method, config, opt_state)
   if not resumed:
     history = {"train_loss": [], "step_time_s": [], "bytes_sent": [], "wall_time_s": 0.0}
     history["evals"] = [

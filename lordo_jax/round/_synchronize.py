@@ -30,6 +30,7 @@ from lordo_jax.round import _offload as offload_lib
 from lordo_jax.round import _outer_step as outer_lib
 from lordo_jax.round import _overlap as overlap_lib
 from lordo_jax.round import _periods as schedules
+from lordo_jax.round import _round_phase as round_phases
 from lordo_jax.round import _schedule as round_schedule
 from lordo_jax.round._faults import FaultCounts
 from lordo_jax.round._round_options import BASIC_KEYWORDS
@@ -285,10 +286,12 @@ def _update(
   *,
   worker_present=True,
   overlap_phase=None,
+  round_phase=None,
   **extra_args,
 ):
   """One step of :func:`synchronize`: the local step, and the rounds that end now."""
   overlap_lib.check_phase(parts.name, parts.overlap, overlap_phase)
+  round_phases.check(parts.name, parts.overlap, round_phase)
   if parts.overlap:
     return _update_in_flight(
       parts, grads, state, params, worker_present, overlap_phase, **extra_args
@@ -298,6 +301,8 @@ def _update(
   if parts.offload:  # A state placed in device memory (device_put of init) moves now.
     state = offload_lib.placed(state, offload_lib.to_host)
   count = optax.safe_int32_increment(state.count)
+  if round_phase == "local":
+    return _local_update(parts, grads, state, params, count, extra_args)
   present = jnp.asarray(worker_present, jnp.bool_)
   inner_state, ledger = parts.refresh.before_first_step(
     count, grads, state.inner_state, state.ledger, averaging.admit(present, grads)
@@ -328,6 +333,21 @@ def _update(
   )
   next_sync = round_schedule.next_sync(parts.sync_every, count, state.next_sync, predicates[-1])
   return updates, new_state._replace(next_sync=next_sync)
+
+
+def _local_update(parts: _Round, grads, state, params, count, extra_args):
+  """A step compiled with ``round_phase="local"``: the local step alone, the anchor and
+  the outer state passed through; NaN updates where a round ends or the first bases
+  are due (:mod:`lordo_jax.round._round_phase`)."""
+  masks = round_schedule.fragment_masks(params, parts.fragments)
+  predicates = round_schedule.sync_predicates(parts.sync_every, len(masks), count, state.next_sync)
+  first_step = parts.refresh.low_rank is not None and parts.refresh.init_projection == "gradient"
+  updates, inner_state = parts.inner.update(grads, state.inner_state, params, **extra_args)
+  updates, inner_state, faults = parts.averaging.guard_step(
+    grads, updates, inner_state, state.inner_state, state.faults
+  )
+  updates = round_phases.poisoned(updates, round_phases.any_due(count, predicates, first_step))
+  return updates, state._replace(count=count, inner_state=inner_state, faults=faults)
 
 
 def _end_rounds(offload, sync, rounds, state, params):

@@ -30,6 +30,7 @@ import run_all  # noqa: E402
 
 FLOAT32, BFLOAT16 = 4, 2
 DTYPES = ("float32", "bfloat16")
+SECTIONS = ("optimizer", "lm")
 # The offloaded row is LoRDO at its default (one-sided) projection.
 DEFAULT = lordo_lib.with_projection({})["projection"]
 
@@ -85,6 +86,7 @@ def test_every_row_is_there(result):
     expected |= {("optimizer", dtype, "lordo", DEFAULT, True)}
     expected |= {("lm", dtype, "ddp", None, False), ("lm", dtype, "low_rank_ddp", None, False)}
     expected |= {("lm", dtype, "lordo", p, False) for p in projections}
+    expected |= {(section, dtype, device_speed.PHASED, DEFAULT, False) for section in SECTIONS}
   assert set(by_key(record)) == expected
 
 
@@ -111,7 +113,8 @@ def test_times_amortised_and_ratios(result):
     else:  # One sync (or refresh) step per timed round.
       assert row["samples"] == {"local": (k - 1) * repeats, "sync": repeats}
     # LoRDO's state counted a sync at the end of every round, the warm-up's included.
-    assert row["syncs"] == (repeats + 1 if method == "lordo" else None)
+    lordo = method in ("lordo", device_speed.PHASED)
+    assert row["syncs"] == (repeats + 1 if lordo else None)
     assert row["finite"], row
 
 

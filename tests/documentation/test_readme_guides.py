@@ -130,3 +130,9 @@ def test_overlap_phase_example_under_shard_map_sends_what_the_text_says():
   assert float(last.group(1)) < float(first.group(1)) / 4 and lines[2] == "programs 3"
   assert (first.group(2), last.group(2)) == ("256", "1,648")  # 256 + 3 x (2 x 136 + 4 x 48)
   assert "`step 31: loss 0.377, sent 1,648 bytes per worker`" in page
+
+
+def test_accelerators_example_compiles_its_local_steps_without_the_round():
+  stdout = run(guide_code("accelerators"))
+  assert "local steps: 27 of 32, loss 0.406" in stdout
+  assert "It prints `local steps: 27 of 32, loss 0.406`" in page_text("docs/guides/accelerators.md")

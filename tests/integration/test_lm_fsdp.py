@@ -241,7 +241,7 @@ def test_the_phase_of_streamed_fragments_counts_them():
   )
   assert train.fragments_of("lordo", streamed) == 2
   assert train.fragments_of("lordo", CONFIG) == 1
-  phases = [train.step_phase(t, streamed, 1, 2) for t in range(1, 9)]
+  phases = [train.step_phase(t, streamed, 1, 2)[1] for t in range(1, 9)]
   # Fragment 0 syncs at t = 2 (mod 4), fragment 1 at t = 4: the steps after each send.
   assert phases == ["local", "local", "send", "local", "send", "local", "send", "local"]
 

@@ -1,0 +1,207 @@
+"""``update(..., round_phase=...)``: local steps compiled without the round.
+
+The phased run (each update given ``lordo_jax.round_phase``'s phase, two programs)
+equals the one-program run bit for bit on one device, and to float32 rounding on 8
+workers under ``shard_map``; the local program holds no conditional and copies no state (read from
+the compiled HLO: the copies the round's conditionals cost a GPU step); a ``"local"``
+program run where a round ends returns NaN updates instead of skipping the round."""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import lordo_jax
+
+pytestmark = pytest.mark.timeout(300)
+
+K = 4
+STEPS = 13
+PARAMS = {"w": jnp.full((16, 12), 0.1), "b": jnp.zeros((12,)), "v": jnp.full((12, 16), 0.2)}
+
+
+def gradient(t: int, params=PARAMS, workers: int | None = None):
+  """A different random gradient at every step (and worker)."""
+  key = jax.random.key(t)
+  shape = lambda x: x.shape if workers is None else (workers, *x.shape)  # noqa: E731
+  return {
+    name: jax.random.normal(jax.random.fold_in(key, i), shape(x))
+    for i, (name, x) in enumerate(sorted(params.items()))
+  }
+
+
+METHODS = {
+  "lordo": lambda axis: lordo_jax.lordo(1e-2, rank=4, sync_every=K, axis_name=axis),
+  "lordo_svd": lambda axis: lordo_jax.lordo(
+    1e-2, rank=4, sync_every=K, axis_name=axis, projection="svd"
+  ),
+  "lordo_fragments": lambda axis: lordo_jax.lordo(
+    1e-2, rank=4, sync_every=K, axis_name=axis, fragments=2
+  ),
+  "lordo_fault_tolerant": lambda axis: lordo_jax.lordo(
+    1e-2, rank=4, sync_every=K, axis_name=axis, fault_tolerant=True
+  ),
+  "lordo_int8": lambda axis: lordo_jax.lordo(
+    1e-2, rank=4, sync_every=K, axis_name=axis, compression="int8"
+  ),
+  "local_adam": lambda axis: lordo_jax.local_adam(1e-2, sync_every=K, axis_name=axis),
+  "diloco": lambda axis: lordo_jax.diloco(1e-2, sync_every=K, axis_name=axis),
+  "desloc": lambda axis: lordo_jax.desloc(1e-2, sync_every=K, axis_name=axis),
+}
+FRAGMENTS = {"lordo_fragments": 2}
+
+
+def step_of(tx):
+  def step(params, state, grads, phase):
+    extra = {} if phase is None else {"round_phase": phase}
+    updates, state = tx.update(grads, state, params, **extra)
+    return optax.apply_updates(params, updates), state
+
+  return step
+
+
+def assert_identical(a, b, rtol=0.0, atol=0.0):
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_a_phased_run_is_the_one_program_run_bit_for_bit(method):
+  tx = METHODS[method](None)
+  step = jax.jit(step_of(tx), static_argnums=3)
+  runs = {}
+  for phased in (False, True):
+    params, state = PARAMS, tx.init(PARAMS)
+    phases = []
+    for t in range(STEPS):
+      fragments = FRAGMENTS.get(method, 1)
+      phase = lordo_jax.round_phase(t, sync_every=K, fragments=fragments) if phased else None
+      phases.append(phase)
+      params, state = step(params, state, gradient(t), phase)
+    runs[phased] = (params, state)
+  assert phases.count("local") >= STEPS // 2  # The phased run did take the local program.
+  assert_identical(runs[False], runs[True])
+  assert int(lordo_jax.step_count(runs[True][1])) == STEPS
+
+
+def test_a_phased_run_on_8_workers_under_shard_map_is_the_one_program_run():
+  workers = 8
+  mesh = jax.make_mesh((workers,), ("workers",))
+  tx = METHODS["lordo"]("workers")
+  sharding = jax.sharding.NamedSharding(mesh, P("workers"))
+
+  def stacked(tree, copies=True):
+    grow = lambda x: jnp.broadcast_to(x, (workers, *x.shape)) if copies else x  # noqa: E731
+    return jax.tree.map(lambda x: jax.device_put(grow(x), sharding), tree)
+
+  def body(params, state, grads, phase):
+    squeeze = lambda t: jax.tree.map(lambda x: x[0], t)  # noqa: E731
+    params, state = step_of(tx)(squeeze(params), squeeze(state), squeeze(grads), phase)
+    return jax.tree.map(lambda x: x[None], (params, state))
+
+  def make(phase):
+    return jax.jit(
+      jax.shard_map(
+        lambda p, s, g: body(p, s, g, phase),
+        mesh=mesh,
+        in_specs=P("workers"),
+        out_specs=P("workers"),
+      )
+    )
+
+  programs = {phase: make(phase) for phase in (None, "local", "boundary")}
+  runs = {}
+  for phased in (False, True):
+    params, state = stacked(PARAMS), stacked(tx.init(PARAMS))
+    for t in range(STEPS):
+      phase = lordo_jax.round_phase(t, sync_every=K) if phased else None
+      params, state = jax.block_until_ready(
+        programs[phase](params, state, stacked(gradient(t, workers=workers), copies=False))
+      )
+    runs[phased] = (params, state)
+  # To float32 rounding (XLA fuses the two programs' local steps differently here, and
+  # three refreshes of the bases carry a last-bit difference on to 1e-5).
+  assert_identical(runs[False], runs[True], rtol=1e-4, atol=1e-6)
+  # The workers agree after the last sync (step 12) and part on step 13.
+  assert float(np.ptp(np.asarray(runs[True][0]["w"]), axis=0).max()) > 0
+
+
+def hlo_of(tx, phase) -> str:
+  step = jax.jit(step_of(tx), donate_argnums=(0, 1), static_argnums=3)
+  return step.lower(PARAMS, tx.init(PARAMS), gradient(0), phase).compile().as_text()
+
+
+def copied_elements(hlo: str) -> int:
+  """Elements copied by the copies of the entry computation."""
+  entry = hlo[hlo.index("\nENTRY") :]
+  total = 0
+  for dims in re.findall(r"= [a-z0-9]+\[([\d,]*)\]\{?[\d,]*\}? copy\(", entry):
+    total += int(np.prod([int(d) for d in dims.split(",") if d]))
+  return total
+
+
+@pytest.mark.parametrize("method", ["lordo", "local_adam"])
+def test_the_local_program_holds_no_conditional_and_copies_no_state(method):
+  tx = METHODS[method](None)
+  local, whole = hlo_of(tx, "local"), hlo_of(tx, None)
+  assert " conditional(" in whole and copied_elements(whole) > 0  # What the phase removes.
+  assert " conditional(" not in local
+  assert copied_elements(local) == 0
+
+
+def test_a_local_program_where_a_round_ends_returns_nan_updates():
+  tx = METHODS["lordo"](None)
+  update = jax.jit(lambda g, s, p, phase: tx.update(g, s, p, round_phase=phase), static_argnums=3)
+  params, state = PARAMS, tx.init(PARAMS)
+  for t in range(K):
+    phase = "local" if t in (1, K - 1) else None  # Update K (t = K - 1) ends a round.
+    updates, state = update(gradient(t), state, params, phase or "boundary")
+    finite = all(bool(jnp.isfinite(u).all()) for u in jax.tree.leaves(updates))
+    assert finite == (t != K - 1), t
+    params = optax.apply_updates(params, updates)
+  # The first update, run as local, is refused the same way (its bases are due).
+  updates, _ = update(gradient(0), tx.init(PARAMS), PARAMS, "local")
+  assert all(bool(jnp.isnan(u).all()) for u in jax.tree.leaves(updates))
+
+
+def test_round_phase_follows_fragments_and_a_period_function():
+  assert [lordo_jax.round_phase(s, sync_every=4, fragments=2) for s in range(8)] == [
+    "boundary",  # The first update.
+    "boundary",  # t = 2: fragment 0 syncs (offset 2).
+    "local",
+    "boundary",  # t = 4: fragment 1 (offset 0).
+    "local",
+    "boundary",
+    "local",
+    "boundary",
+  ]
+  rule = lordo_jax.quadratic_sync_rule(2, 0.5, 1e-3)
+  ends = set(lordo_jax.sync_steps(rule, 40))
+  phases = [lordo_jax.round_phase(s, sync_every=rule) for s in range(40)]
+  assert [s + 1 for s, p in enumerate(phases) if p == "boundary"] == [1, *sorted(ends - {1})]
+
+
+@pytest.mark.parametrize(
+  ("kwargs", "error", "match"),
+  [
+    (dict(step=-1, sync_every=4), TypeError, "non-negative Python int"),
+    (dict(step=jnp.int32(3), sync_every=4), TypeError, "non-negative Python int"),
+    (dict(step=3, sync_every=4, fragments=0), ValueError, "fragments=0"),
+  ],
+)
+def test_round_phase_refuses_what_it_cannot_count(kwargs, error, match):
+  with pytest.raises(error, match=match):
+    lordo_jax.round_phase(**kwargs)
+
+
+def test_update_refuses_a_phase_that_is_not_one_and_a_phase_with_overlap():
+  tx = METHODS["lordo"](None)
+  with pytest.raises(ValueError, match=r"round_phase='sync' is not a phase"):
+    tx.update(gradient(0), tx.init(PARAMS), PARAMS, round_phase="sync")
+  overlapped = lordo_jax.diloco(1e-2, sync_every=K, axis_name=None, overlap=1)
+  with pytest.raises(ValueError, match=r"pass overlap_phase instead"):
+    overlapped.update(gradient(0), overlapped.init(PARAMS), PARAMS, round_phase="local")
