@@ -40,6 +40,7 @@ from lordo_jax.state import all_reduce_count
 from lordo_jax.state import communicated_bytes
 from lordo_jax.state import communicated_elements
 from lordo_jax.state import projections
+from lordo_jax.state import remap_workers
 from lordo_jax.state import state_bytes
 from lordo_jax.state import state_sharding
 from lordo_jax.state import step_count
@@ -77,6 +78,7 @@ __all__ = [
   "quadratic_sync_rule",
   "round_phase",
   "quasi_hyperbolic_mix",
+  "remap_workers",
   "scale_by_low_rank_adam",
   "state_bytes",
   "state_sharding",

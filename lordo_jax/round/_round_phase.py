@@ -1,26 +1,10 @@
 r"""A local step compiled without the round: ``update(..., round_phase="local")``.
 
-Without a phase every step of :func:`lordo_jax.synchronize` is one program holding the
-round in a ``lax.cond`` (and, with low-rank bases from the first gradient, the first
-basis in another), decided on the device from the step count. On a GPU that program
-pays for the conditionals on every local step: XLA copies every state buffer that a
-branch may rewrite in place and the step reads again (the moments, the bases), a
-predicate read back by the host, and the step split into several command buffers
-(``benchmarks/step_profile.py``: 348 copies and 976 kernels in LoRDO's local step on
-GPT-2 small's shapes, against AdamW's 150 kernels).
-
-:func:`round_phase` says, on the host, which updates are local: neither the first (it
-may compute the first bases) nor one at which any fragment's round ends. Compiled with
-``round_phase="local"`` an update is the local optimizer's step alone, the
-anchor and outer state passed through untouched; with ``"boundary"`` (or none) it is
-the whole program. A training step jitted with the phase static compiles the two
-programs once each, and the numbers are the same as without a phase.
-
-A wrong phase never goes unseen: a ``"local"`` program run at an update that ends a
-round (or is the first) returns NaN updates instead of silently skipping the round, so
-the parameters and the loss turn NaN at once. :func:`round_phase` computed from the
-optimizer's own step count never gives one; a loop that resumes a checkpoint counts
-from the restored state's count (:func:`lordo_jax.step_count`).
+Without a phase every step is one program holding the round in a ``lax.cond``; on a GPU
+that costs every local step copies of the state, a predicate read back by the host and
+a step cut into several command buffers. :func:`round_phase` says on the host which
+updates are local, so those compile to the local optimizer's step alone (a wrong phase
+turns the updates NaN, never skips a round).
 """
 
 import numbers

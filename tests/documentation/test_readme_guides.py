@@ -136,3 +136,12 @@ def test_accelerators_example_compiles_its_local_steps_without_the_round():
   stdout = run(guide_code("accelerators"))
   assert "local steps: 27 of 32, loss 0.406" in stdout
   assert "It prints `local steps: 27 of 32, loss 0.406`" in page_text("docs/guides/accelerators.md")
+
+
+def test_resume_on_another_number_of_workers_example_synchronises_the_new_workers():
+  code = python_blocks(page_text("docs/guides/checkpoints.md"))[2]
+  assert "remap_workers(params8, state8, 4, sync_every=K)" in code
+  assert "on 4 workers at step 12: agree True" in run(code)
+  assert "It prints `on 4 workers at step 12: agree True`" in page_text(
+    "docs/guides/checkpoints.md"
+  )
