@@ -395,7 +395,8 @@ def compiled_text(method: str, overlap, phase: str | None, preset: str) -> str:
     NamedSharding(mesh, P(train.AXIS)),
   )
   state_spec = jax.tree.map(lambda _: P(train.AXIS), state)
-  step = train.make_step(apply, tx, mesh, state_spec, out_shardings=layout, phase=phase)
+  static = None if phase is None else ("overlap_phase", phase)
+  step = train.make_step(apply, tx, mesh, state_spec, out_shardings=layout, phase=static)
   return step.lower(params, state, batch).compile().as_text()
 
 
