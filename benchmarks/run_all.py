@@ -21,7 +21,8 @@ alone), ``paper_protocol.py`` (its protocol as a whole, next to ours) and
 ``long_horizon.py`` (the claims at 1,024 and 2,048 steps; many CPU-hours in full mode,
 cached run by run), ``overlap_quality.py`` (what each overlap and merge costs in
 quality at 1,024 steps, at the long-horizon study's rates) and ``overlap_outer.py``
-(the outer optimizer for a whole round in flight, swept at 1,024 steps).
+(the outer optimizer for a whole round in flight, swept at 1,024 steps) and
+``elastic.py`` (a run resumed on another number of workers, workers away for rounds).
 A study gets ``--quick`` and ``--out`` when its ``--help`` offers them; in quick
 mode a study that offers neither is skipped, so quick mode never writes over the
 committed full results. The wall time of each study goes to ``run_all.json``.
@@ -52,6 +53,7 @@ STUDIES = (
   "long_horizon",
   "overlap_quality",
   "overlap_outer",
+  "elastic",
 )
 RESULTS = HERE / "results"
 QUICK_RESULTS = ROOT / "runs" / "benchmarks_quick"

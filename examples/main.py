@@ -9,6 +9,8 @@ r"""Train a byte-level transformer LM with LoRDO and its baselines on simulated 
     python3 examples/main.py --methods lordo,diloco --overlap round --merge delayed
     python3 examples/main.py --checkpoint-dir ckpt --checkpoint-every 32
     python3 examples/main.py --checkpoint-dir ckpt --resume   # after a stop
+    python3 examples/main.py --checkpoint-dir ckpt --resume --workers 4  # on what is left
+    python3 examples/main.py --methods lordo --absent 6:2-9,7:2-9  # two workers away, back
     python3 examples/main.py --warm-start-steps 64 --option lordo.omega=0.97  # docs/FIDELITY.md
 
 Every run trains the same model from the same initialisation on the same data, with
@@ -44,6 +46,10 @@ loss (docs/guides/overlap.md, "What it costs in quality").
 With ``--checkpoint-dir`` each method saves checkpoints under ``DIR/<method>``;
 ``--resume`` continues every method that has one from its latest (a method without
 one starts afresh), and the resumed run ends bit-identical to one that never stopped.
+On another ``--workers`` the state is remapped (``lordo_jax.remap_workers``: the shared
+state carried, the moments averaged, every worker on the synchronised parameters) and
+the text split over the new workers; ``--resume-mid-round restart`` takes a checkpoint
+saved mid-round. ``--absent`` marks workers away for rounds (``fault_tolerant=True``).
 
 With ``--warm-start-steps S`` (the LoRDO paper's protocol, ``docs/FIDELITY.md``) the
 first S steps are trained once with ``--warm-start-method`` (low-rank DDP), saved under
@@ -224,6 +230,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     help="continue each method from its latest checkpoint in --checkpoint-dir",
   )
   add(
+    "--resume-mid-round",
+    choices=("restart",),
+    default=None,
+    help="with --resume on another --workers than the checkpoint's, a checkpoint saved "
+    "mid-round restarts its round from the synchronised parameters, losing the local "
+    "steps since the last sync (default: refused; save every multiple of --sync-every)",
+  )
+  add(
+    "--absent",
+    type=absent_value,
+    default=(),
+    help="WORKER:FIRST-LAST[,...]: that worker leaves for rounds FIRST..LAST (counted "
+    "from 1) and comes back; the methods are built fault tolerant (those with rounds)",
+  )
+  add(
     "--stop-after",
     type=int,
     default=None,
@@ -359,6 +380,7 @@ def main(argv=None) -> int:
     check_option_methods(args, methods)
     check_offload(args.offload, methods, train.offload_methods())
     check_overlap(args, methods, train.overlap_methods())
+    check_absent(args, methods, train)
     rank = check_rank(args.rank, model_config, args.preset, model)
     raw, name = data.load_text(args.text)
     dataset = data.split(
@@ -446,6 +468,37 @@ def main(argv=None) -> int:
   written = ", ".join(map(str, [out / report.JSON_NAME, *plots]))
   print(f"total wall time {total:.0f} s; wrote {written}")
   return 0
+
+
+def check_absent(args, methods: list[str], train) -> None:
+  """``--absent``: workers this run has, rounds in order, methods with rounds."""
+  if not args.absent:
+    return
+  try:
+    train.elastic.check_absent(args.absent, args.workers)
+  except ValueError as error:
+    raise UsageError(str(error)) from None
+  without = [m for m in methods if m not in train.fault_tolerant_methods()]
+  if without:
+    raise UsageError(
+      f"--absent: {','.join(without)}: no rounds to leave a worker out of; use "
+      f"--methods among {','.join(train.fault_tolerant_methods())}."
+    )
+
+
+def absent_value(text: str) -> tuple[tuple[int, int, int], ...]:
+  """``--absent``: ``WORKER:FIRST-LAST`` triples, comma-separated."""
+  try:
+    triples = []
+    for part in text.split(","):
+      worker, rounds = part.split(":")
+      first, last = rounds.split("-")
+      triples.append((int(worker), int(first), int(last)))
+  except ValueError:
+    raise argparse.ArgumentTypeError(
+      f"{text!r} is not WORKER:FIRST-LAST[,...], e.g. 3:2-3 (worker 3 away for rounds 2 and 3)"
+    ) from None
+  return tuple(triples)
 
 
 def overlap_value(text: str):
@@ -579,6 +632,8 @@ def make_config(args: argparse.Namespace, rank: int, train):
     offload=args.offload,
     overlap=args.overlap,
     merge=args.merge,
+    absent=args.absent,
+    resume_mid_round=args.resume_mid_round,
   )
 
 

@@ -31,7 +31,10 @@ Run directly, one process per terminal, for example::
 Process 0 writes ``result.npz`` (every worker's final parameters) and ``result.json``
 (losses, bytes sent, the shapes of one device's slices) into ``--out``;
 ``--checkpoint-dir`` also saves the final params and optimizer state there with
-:mod:`lordo_jax.checkpoint` (every process writes its own shards).
+:mod:`lordo_jax.checkpoint` (every process writes its own shards). ``--resume-from DIR``
+continues the run saved there, on however many workers this run has, up to ``--steps``
+(:func:`resume`: restored on the saved number of workers, ``lordo_jax.remap_workers``);
+every process also writes the state it continues from, ``remapped_<process>.npz``.
 """
 
 import os
@@ -220,6 +223,15 @@ def gather(tree):
   return jax.tree.map(np.asarray, multihost_utils.process_allgather(tree, tiled=True))
 
 
+def placed_like(tree, like):
+  """Host arrays (the same on every process) placed as the arrays of ``like`` are."""
+  return jax.tree.map(
+    lambda a, x: jax.make_array_from_callback(a.shape, x.sharding, lambda index: a[index]),
+    tree,
+    like,
+  )
+
+
 def shard_shapes(tree) -> dict:
   """The shape of the slice of each leaf that this process's first device holds."""
   device = jax.local_devices()[0]
@@ -240,6 +252,19 @@ def start(config: Config):
   return mesh, tx, params, on_workers(tx.init, mesh)(params)
 
 
+def run_steps(config: Config, mesh, tx, params, state, first: int):
+  """Steps ``first + 1 .. config.steps`` on the mesh's workers; the params, the state and
+  every step's losses."""
+  step = make_step(tx, mesh)
+  losses = []
+  for t in range(first, config.steps):
+    x, y = to_workers(global_batch(config, mesh.shape[AXIS], t), mesh, BATCH_SPECS)
+    params, state, loss = step(params, state, x, y)
+    jax.block_until_ready((params, state, loss))  # jaxlib 0.10 CPU: one program at a time
+    losses.append(loss)
+  return params, state, losses
+
+
 def train(config: Config, checkpoint_dir: str | None = None) -> dict:
   """Runs ``config.steps`` steps on all of the mesh's workers; returns host results.
 
@@ -250,17 +275,11 @@ def train(config: Config, checkpoint_dir: str | None = None) -> dict:
 
   mesh, tx, params, state = start(config)
   workers = mesh.shape[AXIS]
-  step = make_step(tx, mesh)
-  losses = []
-  for t in range(config.steps):
-    x, y = to_workers(global_batch(config, workers, t), mesh, BATCH_SPECS)
-    params, state, loss = step(params, state, x, y)
-    jax.block_until_ready((params, state, loss))  # jaxlib 0.10 CPU: one program at a time
-    losses.append(loss)
+  params, state, losses = run_steps(config, mesh, tx, params, state, 0)
   if checkpoint_dir is not None:
     from lordo_jax import checkpoint
 
-    checkpoint.save(checkpoint_dir, config.steps, params, state)
+    checkpoint.save(checkpoint_dir, config.steps, params, state, metadata={"workers": workers})
   return {
     "params": gather(params),
     "losses": [float(loss.mean()) for loss in gather(losses)],
@@ -285,13 +304,82 @@ def restore_and_gather(config: Config, checkpoint_dir: str) -> dict:
   return gather(params)
 
 
+def saved_like(config: Config, workers: int, sharding=None):
+  """The trees :func:`train` saves on ``workers`` workers, as ``jax.ShapeDtypeStruct``s
+  with ``sharding`` (``None``: restored onto one device)."""
+  import jax.numpy as jnp
+
+  tx = make_optimizer(config)
+  params = init_params(config.seed)
+  stacked = lambda tree: jax.tree.map(lambda a: jnp.stack([a] * workers), tree)  # noqa: E731
+  shapes = jax.eval_shape(lambda: (stacked(params), stacked(tx.init(params))))
+  return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding), shapes)
+
+
+def resume(config: Config, checkpoint_dir: str) -> dict:
+  """Continues the run saved in ``checkpoint_dir`` on this run's workers, to ``config.steps``.
+
+  The checkpoint is restored on its own number of workers M (a target stacked over M,
+  split over this run's workers where they divide M), remapped to this run's M' by
+  ``lordo_jax.remap_workers`` (which gathers leaves spread over processes: every process
+  gets the whole state), and each process places its own devices' slices as a fresh
+  state is placed. Every process calls it and gets the same results.
+  """
+  import lordo_jax
+  from lordo_jax import checkpoint
+
+  mesh, tx, fresh_params, fresh_state = start(config)
+  workers = mesh.shape[AXIS]
+  with checkpoint.Checkpointer(checkpoint_dir, async_save=False) as saved:
+    step = saved.latest_step()
+    saved_workers = saved.metadata(step)["workers"]
+  split = P(AXIS) if saved_workers % workers == 0 else P()
+  like = saved_like(config, saved_workers, jax.NamedSharding(mesh, split))
+  params, state = checkpoint.restore(checkpoint_dir, step, *like)
+  remapped = lordo_jax.remap_workers(params, state, workers, sync_every=config.sync_every)
+  params, state = placed_like(remapped, (fresh_params, fresh_state))
+  params, state, losses = run_steps(config, mesh, tx, params, state, step)
+  return {
+    "params": gather(params),
+    "losses": [float(loss.mean()) for loss in gather(losses)],
+    "remapped": flat(remapped),
+    "workers": workers,
+    "saved_workers": saved_workers,
+    "resumed_at": step,
+    "steps": np.asarray(lordo_jax.step_count(gather(state))).tolist(),
+    "processes": jax.process_count(),
+  }
+
+
+def flat(tree) -> dict:
+  """``tree``'s leaves as NumPy arrays, keyed by their key paths."""
+  return {
+    jax.tree_util.keystr(path): np.asarray(leaf)
+    for path, leaf in jax.tree_util.tree_leaves_with_path(tree)
+  }
+
+
 def write_results(results: dict, out: pathlib.Path, restored: dict | None = None) -> None:
   out.mkdir(parents=True, exist_ok=True)
   np.savez(out / "result.npz", **results["params"])
   if restored is not None:
     np.savez(out / "restored.npz", **restored)
-  summary = {k: v for k, v in results.items() if k != "params"}
+  summary = {k: v for k, v in results.items() if k not in ("params", "remapped")}
   (out / "result.json").write_text(json.dumps(summary, indent=1))
+
+
+def summary(results: dict) -> str:
+  losses = f"loss {results['losses'][0]:.4f} -> {results['losses'][-1]:.4f}"
+  if "resumed_at" in results:
+    return (
+      f"{results['processes']} process(es): resumed at step {results['resumed_at']} on "
+      f"{results['workers']} workers (saved on {results['saved_workers']}), {losses}"
+    )
+  return (
+    f"{results['processes']} process(es) x {jax.local_device_count()} devices: "
+    f"{results['workers']} workers x {results['fsdp']}-way FSDP, {losses}, "
+    f"{results['communicated_bytes']:,} bytes sent per worker"
+  )
 
 
 def main(argv=None) -> None:
@@ -309,6 +397,9 @@ def main(argv=None) -> None:
   parser.add_argument("--out", required=True, help="where process 0 writes its results")
   parser.add_argument("--checkpoint-dir", help="save the final params and state here")
   parser.add_argument("--restore-from", help="also restore this run's checkpoint and report it")
+  parser.add_argument(
+    "--resume-from", help="continue the run saved here (on any number of workers) to --steps"
+  )
   args = parser.parse_args(argv)
 
   die_with_launcher()
@@ -327,17 +418,17 @@ def main(argv=None) -> None:
   config = Config(
     steps=args.steps, sync_every=args.sync_every, fsdp=args.fsdp, projection=args.projection
   )
-  results = train(config, checkpoint_dir=args.checkpoint_dir)
+  if args.resume_from:
+    results = resume(config, args.resume_from)
+    out = pathlib.Path(args.out)  # every process: the state it continued from
+    out.mkdir(parents=True, exist_ok=True)
+    np.savez(out / f"remapped_{jax.process_index()}.npz", **results["remapped"])
+  else:
+    results = train(config, checkpoint_dir=args.checkpoint_dir)
   restored = restore_and_gather(config, args.restore_from) if args.restore_from else None
   if jax.process_index() == 0:
     write_results(results, pathlib.Path(args.out), restored)
-    print(
-      f"{results['processes']} process(es) x {jax.local_device_count()} devices: "
-      f"{results['workers']} workers x {results['fsdp']}-way FSDP, "
-      f"loss {results['losses'][0]:.4f} -> {results['losses'][-1]:.4f}, "
-      f"{results['communicated_bytes']:,} bytes sent per worker",
-      flush=True,
-    )
+    print(summary(results), flush=True)
 
 
 if __name__ == "__main__":

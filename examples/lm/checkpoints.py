@@ -11,7 +11,8 @@ counters). The loop needs three things more, kept as the checkpoint's metadata:
 * the settings that decide the trajectory (method, model, data, rank, learning
   rate, seed, ...). Resuming under other settings would not continue the same run,
   so it stops with :class:`ResumeError`: one line naming the setting, its value in
-  the checkpoint, and the option to change.
+  the checkpoint, and the option to change. The number of workers may change
+  (:data:`ELASTIC`): the state is then remapped (:mod:`.elastic`).
 
 The layout is not among the settings (``--fsdp``, ``--offload``): each process writes
 its own shards, and a restore places every array on the shardings and memory kinds of
@@ -49,7 +50,10 @@ OPTIONS = {
   "warm_start_moments": "--warm-start-moments",
   "clip_norm": "--clip-norm",
   "schedule": "--schedule",
+  "absent": "--absent",
 }
+# The settings a resumed run may change: on another --workers the state is remapped.
+ELASTIC = ("num_workers",)
 _AFRESH = "or another --checkpoint-dir to start afresh"
 
 
@@ -99,7 +103,7 @@ def _difference(saved: dict, current: dict, where: str) -> str | None:
       f"{_AFRESH}."
     )
   for field, option in OPTIONS.items():
-    if saved.get(field) != current[field]:
+    if field not in ELASTIC and saved.get(field) != current[field]:
       return (
         f"checkpoint {where} was written with {option} {saved[field]}, this run has "
         f"{option} {current[field]}; use {option} {saved[field]} to resume it, {_AFRESH}."
@@ -129,8 +133,7 @@ def check(directory: str | pathlib.Path, current: dict, *, resume: bool) -> int 
       "the --checkpoint-dir of an earlier run."
     )
   where = f"{directory} (step {step})"
-  with checkpoint.Checkpointer(directory, async_save=False) as checkpointer:
-    saved = checkpointer.metadata(step).get("settings")
+  saved = saved_settings(directory, step)
   if saved is None:
     raise ResumeError(
       f"checkpoint {where} was not written by this training loop; use another "
@@ -140,6 +143,12 @@ def check(directory: str | pathlib.Path, current: dict, *, resume: bool) -> int 
   if message is not None:
     raise ResumeError(message)
   return step
+
+
+def saved_settings(directory: str | pathlib.Path, step: int) -> dict | None:
+  """The settings checkpoint ``step`` was written with (None: not by this loop)."""
+  with checkpoint.Checkpointer(directory, async_save=False) as checkpointer:
+    return checkpointer.metadata(step).get("settings")
 
 
 def restore(
@@ -178,6 +187,10 @@ class RunCheckpoints:
   def __init__(self, directory, settings: dict, *, resume: bool, every: int):
     self.resume_step = check(directory, settings, resume=resume) or 0
     self.directory, self.settings, self.every = directory, settings, every
+    # The workers the checkpoint was saved on (another --workers is remapped).
+    self.saved_workers = settings["num_workers"]
+    if self.resume_step:
+      self.saved_workers = saved_settings(directory, self.resume_step)["num_workers"]
     self._checkpointer = checkpoint.Checkpointer(directory, max_to_keep=2, async_save=False)
 
   def restore(self, params_like: Any, opt_state_like: Any) -> tuple[Any, Any, dict]:

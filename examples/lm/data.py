@@ -100,6 +100,7 @@ class Batches:
 
   def __init__(self, dataset: Dataset, *, seq_len: int, batch_size: int, seed: int):
     self.dataset, self.window, self.batch_size = dataset, seq_len + 1, batch_size
+    self.seed = seed
     self.rngs = [np.random.default_rng([seed, m]) for m in range(len(dataset.shards))]
 
   def __call__(self) -> np.ndarray:
@@ -117,6 +118,11 @@ class Batches:
     """Continues from a :meth:`position` of the same data and worker count."""
     for rng, state in zip(self.rngs, position, strict=True):
       rng.bit_generator.state = state
+
+  def restart(self, step: int) -> None:
+    """New generators seeded from ``(seed, worker, step)``: a run resumed after ``step``
+    on another number of workers, whose saved positions belong to other shards."""
+    self.rngs = [np.random.default_rng([self.seed, m, step]) for m in range(len(self.rngs))]
 
 
 def validation_windows(dataset: Dataset, *, seq_len: int, max_windows: int) -> np.ndarray:

@@ -50,6 +50,7 @@ import lordo_jax
 
 from . import checkpoints
 from . import data as data_lib
+from . import elastic
 from . import metrics as metrics_lib
 from . import model as model_lib
 from . import optimizers
@@ -96,6 +97,12 @@ class TrainConfig:
   # steps (lordo_jax's overlap; MATH.md §9); None: every sync blocks. merge: how it lands.
   overlap: Any = None
   merge: str | None = None
+  # (worker, first round, last round): the worker is absent for those rounds (1-based,
+  # inclusive) and comes back (elastic.py); the method is built fault tolerant.
+  absent: tuple[tuple[int, int, int], ...] = ()
+  # A resume on another num_workers of a state saved mid-round: None refuses it,
+  # "restart" restarts the round from the anchor (lordo_jax.remap_workers).
+  resume_mid_round: str | None = None
 
 
 @dataclasses.dataclass
@@ -172,6 +179,7 @@ def make_step(
   state_spec,
   out_shardings=None,
   phase: tuple[str, str] | None = None,
+  presence: bool = False,
 ) -> Callable:
   """The jitted step ``(params, opt_state, batch) -> (params, opt_state, loss)``.
 
@@ -179,20 +187,23 @@ def make_step(
   compiler. ``out_shardings`` (of the three outputs), if given, keeps the layout of the
   parameters and state from step to step. ``phase``: the steps' static phase as
   ``(keyword, value)`` (:func:`step_phase`): ``("overlap_phase", ...)`` for a method
-  with an int ``overlap``, ``("round_phase", ...)`` for one with blocking rounds.
+  with an int ``overlap``, ``("round_phase", ...)`` for one with blocking rounds. With
+  ``presence`` the step takes a fourth argument, each worker's ``worker_present``
+  (bool ``(M,)``), for a method built with ``fault_tolerant=True``.
   """
   extra = {} if phase is None else dict([phase])
 
-  def body(params, opt_state, batch_1BT1):
+  def body(params, opt_state, batch_1BT1, *present_1):
     squeeze = lambda t: jax.tree.map(lambda x: x[0], t)  # noqa: E731
     expand = lambda t: jax.tree.map(lambda x: x[None], t)  # noqa: E731
     params, opt_state = squeeze(params), squeeze(opt_state)
+    present = {"worker_present": present_1[0][0]} if present_1 else {}
 
     def loss(p):
       return jax.lax.pmean(model_lib.loss_fn(apply, p, batch_1BT1[0]), DATA_AXIS)
 
     value, grads = jax.value_and_grad(loss)(params)
-    updates, opt_state = tx.update(grads, opt_state, params, **extra)
+    updates, opt_state = tx.update(grads, opt_state, params, **extra, **present)
     params = optax.apply_updates(params, updates)
     return expand(params), expand(opt_state), value[None]
 
@@ -201,7 +212,7 @@ def make_step(
     jax.shard_map(
       body,
       mesh=mesh,
-      in_specs=(worker, state_spec, P(AXIS, DATA_AXIS)),
+      in_specs=(worker, state_spec, P(AXIS, DATA_AXIS), *((worker,) if presence else ())),
       out_specs=(worker, state_spec, worker),
       axis_names={AXIS, DATA_AXIS},
     ),
@@ -255,6 +266,13 @@ def make_optimizer(method: str, config: TrainConfig) -> optax.GradientTransforma
         f"--offload, or train one of {','.join(offload_methods())} with it."
       )
     extra.setdefault("offload", True)
+  if config.absent:
+    if not _accepts(method, "fault_tolerant"):
+      raise ValueError(
+        f"--absent: {method} has no round to leave a worker out of; train one with "
+        "rounds (lordo, diloco, local_adam, ...)."
+      )
+    extra.setdefault("fault_tolerant", True)
   for option, value in (("overlap", config.overlap), ("merge", config.merge)):
     if value is None:
       continue
@@ -326,6 +344,22 @@ def round_updates(method: str, config: TrainConfig, opt_state) -> int | None:
   return int(np.asarray(rounds[0].count).ravel()[0])
 
 
+def sync_period(method: str, config: TrainConfig) -> int:
+  """K, the round length ``method`` is built with (:func:`make_optimizer`).
+
+  Raises:
+    checkpoints.ResumeError: the Quadratic Synchronization Rule, whose round lengths
+      follow the learning rate: a resume on another number of workers is not offered.
+  """
+  options = {**optimizers.factory_of(method)[1], **dict(config.optimizer_options)}
+  if options.get("quadratic_sync_alpha") is not None:
+    raise checkpoints.ResumeError(
+      f"--resume on another --workers: {method} runs the Quadratic Synchronization Rule, "
+      "whose rounds this job does not follow; resume it on the workers it was saved on."
+    )
+  return config.sync_every
+
+
 def offload_methods() -> tuple[str, ...]:
   """The available methods that take ``offload`` (those with an anchor)."""
   return tuple(m for m in optimizers.available_methods() if _accepts(m, "offload"))
@@ -340,6 +374,11 @@ def overlap_of(method: str, config: TrainConfig) -> Any:
   if config.overlap is not None:
     return config.overlap
   return optimizers.factory_of(method)[1].get("overlap")
+
+
+def fault_tolerant_methods() -> tuple[str, ...]:
+  """The available methods that take ``fault_tolerant`` (workers may be ``--absent``)."""
+  return tuple(m for m in optimizers.available_methods() if _accepts(m, "fault_tolerant"))
 
 
 def overlap_methods() -> tuple[str, ...]:
@@ -459,8 +498,19 @@ def train(
     updates = None if rounds["before"] is None else rounds["before"] + t - 1 - first
     phase = step_phase(t, config, overlap, fragments, updates)
     if phase not in steps:
-      steps[phase] = make_step(apply, tx, mesh, state_spec, out_shardings=layout, phase=phase)
+      steps[phase] = make_step(
+        apply, tx, mesh, state_spec, out_shardings=layout, phase=phase, presence=presence
+      )
     return steps[phase]
+
+  presence = bool(config.absent)
+  elastic.check_absent(config.absent, m)
+
+  def present(t: int) -> tuple:
+    """Step t's worker_present argument, with an absence schedule; else none."""
+    if not presence:
+      return ()
+    return (jax.device_put(elastic.presence(t, m, config.sync_every, config.absent), layout[2]),)
 
   batches = data_lib.Batches(
     dataset, seq_len=model_config.seq_len, batch_size=config.batch_size, seed=config.seed
@@ -480,7 +530,14 @@ def train(
     raise checkpoints.ResumeError("--resume needs the --checkpoint-dir of the run to continue.")
   first = saver.resume_step if saver is not None else 0
   resumed = bool(first)
-  if resumed:
+  if resumed and saver.saved_workers != m:  # Another number of workers: remapped.
+    params, opt_state, saved = elastic.restore_on(
+      saver.directory, first, saver.saved_workers, params, opt_state, shardings,
+      sync_every=sync_period(method, config), mid_round=config.resume_mid_round,
+    )  # fmt: skip
+    batches.restart(first)
+    history = saved["history"]
+  elif resumed:
     params, opt_state, saved = saver.restore(params, opt_state)
     batches.seek(saved["data_position"])
     history = saved["history"]
@@ -508,7 +565,7 @@ def train(
   for t in bar:
     tic = time.perf_counter()
     batch = jax.device_put(batches(), batch_sharding)
-    params, opt_state, loss = step(t)(params, opt_state, batch)
+    params, opt_state, loss = step(t)(params, opt_state, batch, *present(t))
     jax.block_until_ready((params, opt_state, loss))
     history["step_time_s"].append(time.perf_counter() - tic)
     if t == first + 1:

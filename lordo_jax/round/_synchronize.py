@@ -26,6 +26,7 @@ from lordo_jax.round import _averaging as averaging_lib
 from lordo_jax.round import _basis_refresh as basis_refresh
 from lordo_jax.round import _faults as faults_lib
 from lordo_jax.round import _moment_averaging as moment_averaging
+from lordo_jax.round import _moment_trees as moment_trees
 from lordo_jax.round import _offload as offload_lib
 from lordo_jax.round import _outer_step as outer_lib
 from lordo_jax.round import _overlap as overlap_lib
@@ -187,16 +188,21 @@ def synchronize(
   worker on the synchronised parameters, and a transformation chained after it would
   make the workers part (:func:`lordo_jax.worker_disagreement` shows it).
 
-  With ``fault_tolerant=True`` a worker can drop out of a round without harming the
+  With ``fault_tolerant=True`` a worker can drop out of rounds without harming the
   others. A local step whose gradient is not finite is skipped (zero update, local
   state unchanged) and marks the worker failed for the round; the caller can also
-  mark it absent with the extra argument ``update(..., worker_present=False)``. At
-  the sync, the pseudo-gradient and the moments are averaged over the workers that
-  are present (not failed, not marked absent, finite pseudo-gradient); every worker,
-  absent ones included, then takes the synchronised parameters, moments and bases.
-  If no worker is present the sync keeps the anchor, the outer state and the bases.
-  :attr:`SynchronizeState.faults` counts both. The cost is one float32 scalar more
-  per averaged message (the presence weight), which the ledger counts.
+  mark it absent with the extra argument ``update(..., worker_present=False)``, read
+  at the steps that end a round (and at step 1, for the first gradient). At the
+  sync, the pseudo-gradient and the moments are averaged over the workers that are
+  present (not failed, not marked absent, finite pseudo-gradient); every worker,
+  absent ones included, then takes the synchronised parameters, moments and bases,
+  and an absent worker's error-feedback buffers are zeroed: nothing of its dropped
+  round survives, and a worker away for whole rounds counts again at the first sync
+  it is present at. If no worker is present the sync keeps the anchor, the outer
+  state and the bases. :attr:`SynchronizeState.faults` counts both. The cost is one
+  float32 scalar more per averaged message (the presence weight), which the ledger
+  counts; an absent worker still takes part in every all-reduce (zeros, weight 0),
+  so the ledger is that of a run with every worker present.
 
   Args:
     inner: the local optimizer (it produces the per-step update, learning rate
@@ -447,6 +453,8 @@ def _sync_fragment(parts: _Round, f, fragment, state, *, grads, params, local_st
     averaging.moment_mean,
   )
   inner_state = parts.refresh.at_sync(inner_state, delta, grads, fragment, fraction)  # 5.
+  if parts.fault_tolerant:
+    inner_state = _errors_dropped_if_absent(inner_state, present)
   outer_states = state.outer_state
   return state._replace(
     inner_state=inner_state,
@@ -457,6 +465,21 @@ def _sync_fragment(parts: _Round, f, fragment, state, *, grads, params, local_st
     syncs=state.syncs.at[f].add(1),
     residual=residual,
   )
+
+
+def _errors_dropped_if_absent(inner_state, present):
+  """``inner_state`` with this worker's error-feedback buffers zeroed if it was left out
+  of the sync (``present`` false): they hold what its own steps of the dropped round
+  left unprojected, and no average replaces them as it does the moments."""
+  node = moment_trees.low_rank_state(inner_state)
+  if node is None:
+    return inner_state
+
+  def drop(m):
+    return m._replace(error=jnp.where(present, m.error, jnp.zeros_like(m.error)))
+
+  moments = low_rank_lib.map_matrices(drop, node.moments)
+  return moment_trees.with_low_rank_state(inner_state, node._replace(moments=moments))
 
 
 def _check_update(name, params, axis_name, fault_tolerant, worker_present):

@@ -59,6 +59,20 @@ def _averaged(path, x, workers: int):
   return np.broadcast_to(mean, (workers, *x.shape[1:]))
 
 
+def _on_host(tree):
+  """Every leaf readable here: a ``jax.Array`` spread over several processes (restored
+  in a multi-process run, not fully addressable) gathered whole onto each process's
+  host, so that every process computes the same remap. A collective: all must call."""
+  from jax.experimental import multihost_utils
+
+  def host(x):
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+      return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return x
+
+  return jax.tree.map(host, tree)
+
+
 def _is_basis(path) -> bool:
   return any(getattr(key, "name", None) == "basis" for key in path)
 
@@ -142,7 +156,11 @@ def remap_workers(
 
   Restore the checkpoint on its own number of workers (into a target stacked over M,
   from ``jax.eval_shape``), remap, then place the result as the new run's loop places a
-  fresh state.
+  fresh state. In a multi-process run every process calls this with the same trees (a
+  leaf restored across processes, not fully addressable, is gathered to every host: a
+  collective) and gets the whole result; each keeps its own devices' slices with
+  ``jax.make_array_from_callback(shape, sharding, lambda index: value[index])`` (or
+  ``jax.device_put(value, sharding)``) over the new run's global mesh.
 
   Args:
     params: the parameters, every leaf stacked ``(M, ...)`` along the workers.
@@ -159,7 +177,8 @@ def remap_workers(
       still ends at the step it would have.
 
   Returns:
-    ``(params, opt_state)`` stacked over ``workers``, NumPy arrays in host memory.
+    ``(params, opt_state)`` stacked over ``workers``, NumPy arrays in host memory,
+    the same on every process.
 
   Raises:
     ValueError: a state saved mid-round without ``mid_round``, a message in flight
@@ -182,6 +201,7 @@ def remap_workers(
       f"remap_workers: mid_round={mid_round!r} is not a choice; expected None or "
       f"one of {MID_ROUND}."
     )
+  params, opt_state = _on_host((params, opt_state))
   _workers_of(params)
   is_round = lambda x: isinstance(x, SynchronizeState)  # noqa: E731
   found = [x for x in jax.tree.leaves(opt_state, is_leaf=is_round) if is_round(x)]

@@ -1,7 +1,7 @@
 """The guides tell the truth: each guide's Python example runs and says so.
 
 The guides (``docs/guides/``, once sections of the README) "Checkpoints and restarts",
-"Surviving a failed worker" and "bfloat16" each carry one complete program; each runs
+"Surviving a failed worker" (two) and "bfloat16" carry complete programs; each runs
 in its own interpreter (the second sets up its own simulated devices) and must print
 what the text around it promises. The multi-host guide names the launcher's real
 options, and the overlap guide's step with a static phase learns.
@@ -41,6 +41,20 @@ def test_failed_worker_example_prints_what_the_text_says():
   assert (
     "It prints `finite: True, workers agree: True` and `left out: 2, syncs with nobody: 0`"
     in page_text("docs/guides/failed_workers.md")
+  )
+
+
+def test_leave_and_join_example_prints_what_the_text_says():
+  """The second example of the failed-workers guide: worker 3 away for rounds 2 and 3."""
+  page = "docs/guides/failed_workers.md"
+  (code,) = python_blocks(section("Workers that leave and come back", page=page))
+  stdout = run(code)
+  for step, here in ((4, 4), (8, 3), (12, 3), (16, 4)):
+    assert f"step {step}: {here} present, every slot the same state: True" in stdout
+  assert "left out: 2" in stdout
+  assert (
+    "It prints `every slot the same state: True` at each of the four boundaries (`3 present` "
+    "at steps 8 and 12) and `left out: 2`" in " ".join(page_text(page).split())
   )
 
 
