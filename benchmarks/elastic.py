@@ -23,6 +23,7 @@ import argparse  # noqa: E402
 import dataclasses  # noqa: E402
 import json  # noqa: E402
 import pathlib  # noqa: E402
+import re  # noqa: E402
 import shutil  # noqa: E402
 import statistics  # noqa: E402
 import tempfile  # noqa: E402
@@ -83,10 +84,15 @@ def train(run: lm_runs.RunSpec, **changes):
   return lm_runs.train.train(run.variant.method, config, model_config, corpus, progress=False)
 
 
+def slug(name: str) -> str:
+  """``name`` as a file name: lower-case letters and digits joined by ``_``."""
+  return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
+
+
 def trained(row: Row, study, steps: int, lr: float, seed: int, out, *, killed):
   """The final validation loss of ``row`` at ``seed`` (cached), or None if not trained
   (``killed`` None: train nothing; else the folder of this call's killed runs)."""
-  path = out / "elastic_runs" / f"{row.name.replace(' ', '_')}_s{seed}_{steps}.json"
+  path = out / "elastic_runs" / f"{slug(row.name)}_s{seed}_{steps}.json"
   if path.exists():
     return json.loads(path.read_text())["final_val_loss"]
   if killed is None:
@@ -148,12 +154,13 @@ def markdown(report: list[dict]) -> list[str]:
     return "—" if x is None else format(x, spec)
 
   lines = [
-    "| run | seeds | final val loss (mean) | spread | vs 8 workers |",
-    "|---|---:|---:|---:|---:|",
+    "| run | seeds | final val loss (mean) | per seed | spread | vs 8 workers |",
+    "|---|---:|---:|---|---:|---:|",
   ]
   for r in report:
     lines.append(
-      f"| {r['row']} | {r['seeds']} | {fmt(r['mean'], '.4f')} | {fmt(r['spread'], '.4f')} | "
+      f"| {r['row']} | {r['seeds']} | {fmt(r['mean'], '.4f')} | "
+      f"{', '.join(format(x, '.4f') for x in r['losses'])} | {fmt(r['spread'], '.4f')} | "
       f"{fmt(r['vs_8_workers'], '+.2%')} |"
     )
   return lines
