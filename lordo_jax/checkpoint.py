@@ -413,6 +413,22 @@ def restore(directory, step: int | None, params_like: Any, opt_state_like: Any):
   ``TypeError`` or ``NotImplementedError``) is raised again as a one-line
   :class:`CheckpointMismatchError`; an I/O error is raised as it is.
 
+  Args:
+    directory: the folder :func:`save` wrote to (a path or a string).
+    step: the step to restore; ``None``: the latest saved (:func:`latest_step`).
+    params_like: a tree like the saved parameters: arrays, or ``jax.ShapeDtypeStruct``
+      with or without a sharding; the restored arrays take its shardings.
+    opt_state_like: the same for the optimizer state (``tx.init(params)``, or an
+      ``nnx.Optimizer``'s ``nnx.state``, fresh or updated).
+
+  Returns:
+    ``(params, opt_state)`` shaped, typed and placed like the targets.
+
+  Raises:
+    CheckpointMismatchError: the saved leaves do not fit the targets (named, with the
+      likely cause).
+    FileNotFoundError: ``step=None`` and no checkpoint under ``directory``.
+
   Examples:
     As in :func:`save`; with ``step=None`` the latest step comes back:
 
@@ -434,7 +450,24 @@ def restore(directory, step: int | None, params_like: Any, opt_state_like: Any):
 
 
 def latest_step(directory) -> int | None:
-  """The newest step saved under ``directory``, or ``None`` (creates nothing)."""
+  """The newest step saved under ``directory``, or ``None`` (creates nothing).
+
+  Args:
+    directory: the folder :func:`save` writes to; it need not exist.
+
+  Returns:
+    The largest step saved there, or ``None`` where none is (or the folder is missing).
+
+  Examples:
+    >>> import tempfile, jax.numpy as jnp
+    >>> from lordo_jax import checkpoint
+    >>> directory = tempfile.mkdtemp()
+    >>> print(checkpoint.latest_step(directory))
+    None
+    >>> checkpoint.save(directory, 5, {"w": jnp.ones(2)}, {"count": jnp.int32(5)})
+    >>> checkpoint.latest_step(directory)
+    5
+  """
   if not os.path.isdir(os.fspath(directory)):
     return None
   with Checkpointer(directory, async_save=False) as checkpointer:

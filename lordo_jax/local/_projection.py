@@ -139,6 +139,19 @@ def principal_angles(a: jax.Array, b: jax.Array) -> jax.Array:
   r"""Principal angles (radians, ascending) between ``span(a)`` and ``span(b)``.
 
   :math:`\theta_i = \arccos \sigma_i(A^\top B)` for orthonormal A, B.
+
+  Args:
+    a: an orthonormal basis, ``n x r`` (as :func:`lordo_jax.projections` gives it).
+    b: another, ``n x r'``.
+
+  Returns:
+    ``min(r, r')`` angles in radians, ascending: all 0 for the same subspace.
+
+  Examples:
+    >>> import jax.numpy as jnp, lordo_jax
+    >>> e = jnp.eye(3)
+    >>> [round(float(x), 4) for x in lordo_jax.principal_angles(e[:, :2], e[:, 1:])]
+    [0.0, 1.5708]
   """
   cosines = jnp.linalg.svd(basis_matrix(a).T @ basis_matrix(b), compute_uv=False)
   return jnp.arccos(jnp.clip(cosines, 0.0, 1.0))

@@ -138,7 +138,22 @@ def warn_if_first_round_never_ends(sync_every: SyncPeriod, name: str) -> None:
 
 
 def sync_steps(sync_every: SyncPeriod, steps: int) -> list[int]:
-  """The 1-based steps up to ``steps`` whose end is a sync, computed on the host."""
+  """The 1-based steps up to ``steps`` whose end is a sync, computed on the host.
+
+  Args:
+    sync_every: the optimizer's ``sync_every``: K, or a function of the step giving
+      each round's length (:func:`lordo_jax.quadratic_sync_rule`).
+    steps: the last step to consider (1-based, inclusive).
+
+  Returns:
+    The steps t in ``1 .. steps`` after whose update a round ends, ascending: every
+    multiple of K for an int.
+
+  Examples:
+    >>> import lordo_jax
+    >>> lordo_jax.sync_steps(4, 13)
+    [4, 8, 12]
+  """
   found, start = [], 0
   while True:
     start += int(np.asarray(round_length(sync_every, start)))

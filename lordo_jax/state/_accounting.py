@@ -34,6 +34,19 @@ def communicated_elements(state: Any) -> int:
 
   This is the payload of each all-reduce, before any algorithm's factor: a ring
   all-reduce moves ``2 (M - 1) / M`` times it over each worker's link.
+
+  Args:
+    state: an optimizer state, or any tree holding one (a chain's, ``nnx.as_pure`` of
+      an ``nnx.Optimizer``'s, stacked over workers: worker 0's ledger is read).
+
+  Returns:
+    The elements, an exact Python int.
+
+  Examples:
+    >>> import jax.numpy as jnp, lordo_jax
+    >>> tx = lordo_jax.lordo(1e-2, rank=2, sync_every=4)
+    >>> lordo_jax.communicated_elements(tx.init({"w": jnp.ones((8, 8))}))
+    0
   """
   return sum(collectives.ledger_total(ledger)[0] for ledger in _ledgers(state))
 
@@ -51,7 +64,22 @@ def communicated_bytes(state: Any) -> int:
 
 
 def all_reduce_count(state: Any) -> int:
-  """Number of all-reduce calls since ``init``, summed over every ledger."""
+  """Number of all-reduce calls since ``init``, summed over every ledger.
+
+  Args:
+    state: an optimizer state, or any tree holding one (see
+      :func:`communicated_elements`).
+
+  Returns:
+    The all-reduces every worker has entered, a Python int (one per message: a sync
+    sends the pseudo-gradient and, when due, the moments).
+
+  Examples:
+    >>> import jax.numpy as jnp, lordo_jax
+    >>> tx = lordo_jax.diloco(1e-2, sync_every=4)
+    >>> lordo_jax.all_reduce_count(tx.init({"w": jnp.ones((8, 8))}))
+    0
+  """
   return sum(int(np.asarray(ledger.all_reduces).reshape(-1)[0]) for ledger in _ledgers(state))
 
 
@@ -83,6 +111,24 @@ def projections(state: Any) -> Any:
 
   Left case: ``p x r``; right case: ``q x r``; leaves that are not low-rank are
   ``None``. A state stacked over workers gives stacked bases.
+
+  Args:
+    state: the state of a low-rank method (``lordo``, ``low_rank_ddp``, ...), or any
+      tree holding one (a chain's, ``nnx.as_pure`` of an ``nnx.Optimizer``'s).
+
+  Returns:
+    A tree like the parameters: each low-rank leaf's basis, ``None`` elsewhere.
+
+  Raises:
+    ValueError: the state holds no low-rank matrices.
+
+  Examples:
+    >>> import jax.numpy as jnp, lordo_jax
+    >>> params = {"w": jnp.ones((8, 6)), "b": jnp.zeros(6)}
+    >>> tx = lordo_jax.lordo(1e-2, rank=2, sync_every=4, init_projection="random")
+    >>> bases = lordo_jax.projections(tx.init(params))
+    >>> bases["w"].shape, bases["b"]
+    ((8, 2), None)
   """
   is_node = lambda x: isinstance(x, low_rank_lib.LowRankAdamState)  # noqa: E731
   nodes = [x for x in jax.tree.leaves(state, is_leaf=is_node) if is_node(x)]

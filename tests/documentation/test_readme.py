@@ -155,6 +155,9 @@ def test_nnx_shard_map_example_runs_and_learns():
   # 2 * 8 * 32 per kernel (rank 8, small side 32) + 2 * (128 + 32) for the biases.
   first, per_sync = 2 * 4096 * 4, (8352 + 2 * (2 * 8 * 32) + 2 * 160) * 4
   assert sent == [first + k * per_sync for k in (0, 1, 2, 3, 4)]
+  page = " ".join(page_text("docs/guides/flax.md").split())  # What the text says of them.
+  assert f"sent {first:,} bytes per worker`" in page
+  assert f"Each sync then adds {per_sync:,} bytes" in page
 
 
 SHARDED = "docs/guides/sharded_models.md"

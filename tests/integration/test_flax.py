@@ -334,3 +334,17 @@ def test_nnx_attention_kernels_labelled_with_matrix_axes_warn_nothing_and_go_low
   kernels = {name: bases["attention"][name]["kernel"].shape for name in bases["attention"]}
   assert kernels == dict.fromkeys(("key", "out", "query", "value"), (32, 4))
   assert bases["mlp"]["kernel"].shape == (32, 4)
+
+
+def test_one_workers_copy_is_read_as_the_flax_guide_says():
+  """On ``jax.make_mesh``'s Explicit axes, ``leaf[0]`` of a stacked array raises; the
+  guide's two readings give worker 0's copy."""
+  mesh = jax.make_mesh((8,), ("workers",))
+  stacked = jnp.arange(24.0).reshape(8, 3)
+  leaf = jax.device_put(stacked, jax.NamedSharding(mesh, jax.P("workers")))
+  with pytest.raises(Exception) as error:
+    leaf[0]
+  assert type(error.value).__name__ == "ShardingTypeError"
+  np.testing.assert_array_equal(jax.device_get(leaf)[0], stacked[0])
+  whole = jax.NamedSharding(mesh, jax.P())
+  np.testing.assert_array_equal(leaf.at[0].get(out_sharding=whole), stacked[0])

@@ -114,3 +114,20 @@ def test_the_primitive_names_its_integers_too():
     optax.inject_hyperparams(lordo_jax.scale_by_low_rank_adam)(rank=2, refresh_every=4).init(
       {"w": jnp.ones((16, 8))}
     )
+
+
+def test_a_scheduled_rate_is_read_from_hyperparams_as_the_optax_guide_says():
+  """``state.hyperparams["learning_rate"]`` is the rate the last update used; optax's
+  ``tree_get`` also finds the schedule's state under that name and raises."""
+  schedule = optax.linear_schedule(1.0, 0.0, 10)
+  tx = optax.inject_hyperparams(lordo_jax.lordo, static_args=("rank", "sync_every"))(
+    learning_rate=schedule, rank=2, sync_every=4
+  )
+  params = {"w": jnp.ones((8, 8))}
+  state = tx.init(params)
+  assert float(state.hyperparams["learning_rate"]) == 1.0
+  for t in range(3):
+    _, state = tx.update(params, state, params)
+    np.testing.assert_allclose(state.hyperparams["learning_rate"], schedule(t), rtol=1e-6)
+  with pytest.raises(KeyError, match="multiple values for 'learning_rate'"):
+    optax.tree_utils.tree_get(state, "learning_rate")
