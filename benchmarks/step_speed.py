@@ -299,7 +299,7 @@ def main(argv=None) -> int:
     "scale_by_low_rank_adam + weight decay + learning rate without synchronize (the "
     "same local step); 'refresh alone' is lordo_jax.compute_projection of the "
     "oriented matrix.",
-    f"Goals of issue 6: amortised within {GOAL_FLOOR}x of the floor held in "
+    f"Speed goals: amortised within {GOAL_FLOOR}x of the floor held in "
     f"{held['within_1.2x_of_floor']} of {len(rows)} rows; no slower than GaLore's "
     f"amortised step held in {held['no_slower_than_galore']} of {len(rows)} rows.",
   ]

@@ -194,8 +194,8 @@ def orthonormal(y: jax.Array) -> tuple[jax.Array, jax.Array]:
   The shift is the Gram's typical rounding error, not Fukaya et al.'s worst-case
   bound :math:`11 (n r + r (r + 1))\, u\, \lVert Y \rVert_2^2`, which at GPT-2's
   ``3072 x 192`` is 40% of the Gram and leaves the condition number where it was; with
-  it the passes hold to condition number :math:`10^7` in float32 at every size tested
-  (``tests/local/test_basis_layout.py``), and a breakdown beyond is caught below.
+  it the passes hold to condition number :math:`10^7` in float32 at every size tested,
+  and a breakdown beyond is caught below.
 
   Each pass multiplies by the inverse of an upper-triangular matrix with a positive
   diagonal, so Q is the thin QR's Q of ``y`` (positive diagonal of R), up to rounding;
