@@ -274,7 +274,7 @@ class Checkpointer:
 
     Returns:
       The restored trees, with the tree structure of the targets (so static fields
-      such as :class:`~lordo_jax.local._projection.DCTBasis`'s size come from the target).
+      such as :class:`lordo_jax.DCTBasis`'s size come from the target).
 
     Raises:
       CheckpointMismatchError: the checkpoint's leaves (key paths, shapes, dtypes)

@@ -30,7 +30,7 @@ class Ledger(NamedTuple):
   ring all-reduce's :math:`2(M-1)/M`) to that ledger. Communication therefore cannot
   happen uncounted, and the count is exactly what the compiled program all-reduces.
 
-  A mean can also be sent compressed (:func:`counted_mean`: bfloat16 or int8 blocks,
+  A mean can also be sent compressed (bfloat16 or int8 blocks,
   with error feedback). Counters are two int32 limbs (``low + high * 2**20``): exact up
   to :math:`2^{51}` elements without 64-bit JAX.
   """

@@ -322,7 +322,7 @@ class LowRankOptions:
     None,
   )
   two_sided: bool = keywords.option(
-    "project on both sides (TSR-Adam, :mod:`lordo_jax.local.bases.two_sided`): the "
+    "project on both sides (TSR-Adam, MATH.md §5): the "
     "moments and their messages are ``r x r`` cores.",
     False,
   )
@@ -641,16 +641,14 @@ def scale_by_low_rank_adam(
   ``full_rank_numerator="error_fed"`` puts the error-fed gradient in the full-rank
   term, :math:`(G + E_\text{before}) / (\mu s)`.
 
-  The basis is a strategy (:mod:`lordo_jax.local.bases`): each matrix's
-  :class:`~lordo_jax.local.bases.BasisStrategy` says how Q is computed (``svd``,
+  The basis is a strategy: each matrix's strategy says how Q is computed (``svd``,
   ``subspace_iteration``, ``dct``, ``randomized_svd``; two-sided ``svd``,
   ``randomized_svd``), on which side it projects, and how
   :math:`c = \mathrm{project}(Q, A)` and :math:`L = \mathrm{unproject}(Q, X)` are
   formed; the step never asks which method it holds. It works on each leaf's
   own ``p x q`` matrix and never transposes it: the coordinates, moments and
-  denominator are ``r x q`` on the left, ``p x r`` on the right
-  (:mod:`lordo_jax.local.bases.one_sided`) and ``r x r`` two-sided (TSR-Adam,
-  :mod:`lordo_jax.local.bases.two_sided`: :math:`C = U^\top A V`, :math:`L = U X V^\top`,
+  denominator are ``r x q`` on the left, ``p x r`` on the right and ``r x r`` two-sided
+  (TSR-Adam: :math:`C = U^\top A V`, :math:`L = U X V^\top`,
   and the full-rank scale is then a scalar). Each basis matrix is formed once per step
   and used by both products. A refresh stacks the matrices of one shape and layout and
   computes their bases, and carries their moments, in one batched computation; a leaf
@@ -676,8 +674,8 @@ def scale_by_low_rank_adam(
   :func:`lordo_jax.synchronize` refreshes it from the averaged pseudo-gradient through
   :meth:`LowRankAdam.refresh` (LoRDO). A data-parallel caller averages what it needs
   around the step's pieces (:attr:`LowRankAdam.project`, :attr:`LowRankAdam.step`, and
-  :attr:`LowRankAdam.refresh`'s ``mean``), as :mod:`lordo_jax.comm._projected_mean` does
-  for low-rank DDP's ``communicate="projected"``.
+  :attr:`LowRankAdam.refresh`'s ``mean``), as low-rank DDP's ``communicate="projected"``
+  does.
 
   Every leaf this transformation sees must be
   a matrix: route the others elsewhere with ``optax.partition`` (as
@@ -693,13 +691,12 @@ def scale_by_low_rank_adam(
       :func:`lordo_jax.synchronize` does).
     seed: PRNG seed of ``init_projection="random"``; the same on every worker
       (``None``: 0).
-    matrix_axes: ``None`` (every leaf is a 2-D matrix), or ``low_rank_labels`` as
-      :mod:`lordo_jax.local._routing` describes them.
+    matrix_axes: ``None`` (every leaf is a 2-D matrix), or labels as ``lordo``'s
+      ``low_rank_labels`` gives them (:class:`lordo_jax.MatrixAxes` per leaf).
 
   Returns:
     A :class:`LowRankAdam`; it never communicates (low-rank DDP's
-    ``communicate="projected"`` averages between its pieces,
-    :mod:`lordo_jax.comm._projected_mean`).
+    ``communicate="projected"`` averages between its pieces).
 
   Examples:
     >>> import jax.numpy as jnp, optax, lordo_jax

@@ -47,7 +47,7 @@ def average_gradients(
   optimizer to make it data-parallel (:func:`ddp`, :func:`low_rank_ddp`).
 
   With ``compression`` the gradient is sent as bfloat16 or int8 with per-row scales
-  (:func:`lordo_jax.comm._collectives.counted_mean`) and error feedback: each worker sends
+  and error feedback (MATH.md §4.2): each worker sends
   :math:`G_m + e_m` and keeps what the rounding lost in :math:`e_m`, so over a run
   the sum of the means it returns plus the mean residual equals the sum of the true
   means (Seide et al. 2014; Karimireddy et al. 2019).
@@ -214,7 +214,7 @@ def low_rank_ddp(
     per pass). It needs ``omega = 1`` and ``error_feedback=False``, which use the
     full gradient.
 
-  ``two_sided=True`` is TSR-Adam (:mod:`lordo_jax.local._two_sided_projection`): the moments are the
+  ``two_sided=True`` is TSR-Adam (MATH.md §5): the moments are the
   ``r x r`` cores :math:`U^\top \bar G V`; with ``communicate="projected"`` the
   per-step message is that core (``r^2`` per matrix), and a refresh with
   ``projection="randomized_svd"`` averages sketches (``(p + q)(r + oversample)``
@@ -259,7 +259,7 @@ def low_rank_ddp(
   step, local = options_lib.low_rank_step(who, dict(options, rank=rank))
 
   def matrices_path(low_rank):
-    """Projected: the coordinates averaged (:mod:`lordo_jax.comm._projected_mean`)."""
+    """Projected: the coordinates averaged (``projected_mean``)."""
     return projected_mean.projected_mean(low_rank, axis_name) if projected else low_rank
 
   _, local_step_ = local_step.low_rank_adamw(

@@ -63,13 +63,12 @@ def lordo(
 
   The full-rank quasi-hyperbolic term keeps the subspace moving (without it, see
   :func:`lordo_global_projection_only`). This is :func:`lordo_jax.synchronize` of the
-  low-rank local step (:func:`lordo_jax.methods.local_step.low_rank_adamw`).
+  low-rank local step (low-rank AdamW with the quasi-hyperbolic full-rank term, MATH.md §3).
 
   Leaves that are not low-rank matrices (biases, norms, small matrices, or those
   ``low_rank_labels`` excludes) take local AdamW with the same synchronisation.
   Parameters with no 2-D leaf train as :func:`lordo_jax.local_adam` would, with a
-  warning; 2-D leaves that all have ``min(p, q) <= rank`` are refused at ``init``
-  (:func:`lordo_jax.local._routing.partition_labels`).
+  warning; 2-D leaves that all have ``min(p, q) <= rank`` are refused at ``init``.
 
   It must be the last transformation that changes the update: at a sync its update
   lands every worker on the synchronised parameters, and a transformation chained

@@ -35,8 +35,9 @@ class LocalOptions:
     1.0,
   )
   low_rank_labels: Any = keywords.option(
-    "which leaves are low-rank (:class:`lordo_jax.MatrixAxes`, "
-    ":mod:`lordo_jax.local._routing`); ``None``: every 2-D leaf with ``min(p, q) > rank``.",
+    "which leaves are low-rank: a function of the params giving a tree of labels "
+    "(:class:`lordo_jax.MatrixAxes`, ``True``/``False``); ``None``: every 2-D leaf with "
+    "``min(p, q) > rank``.",
     None,
   )
 

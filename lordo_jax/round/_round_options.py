@@ -17,7 +17,7 @@ class RoundBasics:
 
   sync_every: Any = keywords.option(
     "K, local steps per round; or a function of the step giving each round's length "
-    "(:mod:`lordo_jax.round._periods`, e.g. :func:`lordo_jax.quadratic_sync_rule`)."
+    "(e.g. :func:`lordo_jax.quadratic_sync_rule`)."
   )
   axis_name: str | None = keywords.option(
     "the worker axis (``jax.shard_map`` mesh axis or ``jax.pmap`` axis name); ``None`` "
@@ -46,8 +46,8 @@ class RoundOptions:
   fragments: Any = keywords.option(
     "F, the number of fragments synced at staggered steps (streaming, as in Streaming "
     "DiLoCo), at most K, so that the largest message is about 1/F of the model; or a "
-    "function of the params returning a tree of fragment indices "
-    "(:func:`lordo_jax.round._periods.fragment_labels`). ``None`` or 1: no streaming.",
+    "function of the params returning a tree of fragment indices (0 to F - 1, each "
+    "index used). ``None`` or 1: no streaming.",
     None,
   )
   fault_tolerant: bool = keywords.option(
@@ -94,7 +94,7 @@ class RoundOptions:
   offload: bool = keywords.option(
     "keep the anchor, the outer optimizer's state and the compression residual in host "
     "memory (``pinned_host``) between syncs, on the device only inside the sync "
-    "(:mod:`lordo_jax.round._offload`); bit-identical results. Needs ``jit`` or "
+    "(the sharded-models guide); bit-identical results. Needs ``jit`` or "
     "``shard_map`` (``pmap`` keeps every output on the device).",
     False,
   )

@@ -169,18 +169,18 @@ def synchronize(
   Beyond the paper, three options change how a round communicates:
 
   * ``compression="bfloat16" | "int8"``: every message is sent compressed
-    (:func:`lordo_jax.comm._collectives.counted_mean`); the pseudo-gradient with per-worker
+    (MATH.md §4.2); the pseudo-gradient with per-worker
     error feedback of what the rounding lost (:attr:`SynchronizeState.residual`), so
     nothing is lost over time; the moments without (each sync replaces them by their
     average, so there is nothing to feed a residual into), and in bfloat16 when the
-    pseudo-gradient goes in int8 (:data:`lordo_jax.comm._compression.MOMENT_CODECS`).
+    pseudo-gradient goes in int8.
   * ``fragments=F`` (streaming, as in Streaming DiLoCo): the parameters are cut into F
     fragments that sync at staggered steps of the round, fragment f at the steps
-    :math:`t \equiv o_f \pmod K` (:func:`lordo_jax.round._periods.fragment_offsets`). Each
+    :math:`t \equiv o_f \pmod K`, :math:`o_f = \lfloor (f + 1) K / F \rfloor`. Each
     fragment has its own outer-optimizer state; its moments are averaged and its bases
     refreshed at its own syncs. Every leaf still syncs once per K steps, so the total
     sent is unchanged and the largest message is about 1/F of the model.
-  * ``sync_every`` a function of the step (:mod:`lordo_jax.round._periods`), such as the
+  * ``sync_every`` a function of the step, such as the
     Quadratic Synchronization Rule: rounds of varying length, with no recompilation.
 
   The update needs ``params``. It must be the

@@ -192,7 +192,7 @@ def state_bytes(state: Any) -> dict[str, int]:
   ``"device"`` and ``"host"`` split the state by where its arrays are placed: an array
   whose sharding's memory kind is ``pinned_host`` (or ``unpinned_host``) counts as
   host, every other as device, so that on the state of ``offload=True``
-  (:mod:`lordo_jax.round._offload`) ``"host"`` is what really lives in host memory. Shapes
+  ``"host"`` is what really lives in host memory. Shapes
   without a placement (``jax.eval_shape(tx.init, params)``, which allocates nothing)
   count as device.
 

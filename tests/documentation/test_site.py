@@ -184,6 +184,53 @@ def test_every_internal_link_and_image_resolves(site, pages):
   assert not broken, "broken links:\n" + "\n".join(broken)
 
 
+# A cross-reference Sphinx could not resolve is still styled as one (code.xref), but
+# sits in no <a>: a reader clicks on it and nothing happens.
+_DEAD_XREF = re.compile(r'(<a [^>]*>)?<code class="xref py[^"]*"><span class="pre">([^<]+)<')
+
+
+def dead_references(page: pathlib.Path) -> list[str]:
+  """The link-styled references on ``page`` that link nowhere."""
+  text = page.read_text(encoding="utf-8")
+  return [m.group(2) for m in _DEAD_XREF.finditer(text) if not m.group(1)]
+
+
+def test_every_link_styled_reference_on_the_api_pages_links(site):
+  dead = {
+    page.name: dead_references(page)
+    for page in sorted((site / "api").glob("*.html"))
+    if dead_references(page)
+  }
+  assert not dead, f"references to nothing (a private module, or an unknown name): {dead}"
+
+
+def test_the_dead_reference_finder_finds_one(tmp_path):
+  page = tmp_path / "page.html"
+  page.write_text(
+    '<a href="x.html"><code class="xref py py-func docutils literal notranslate">'
+    '<span class="pre">lordo_jax.lordo()</span></code></a> and '
+    '<code class="xref py py-mod docutils literal notranslate">'
+    '<span class="pre">lordo_jax.round._periods</span></code>'
+  )
+  assert dead_references(page) == ["lordo_jax.round._periods"]
+
+
+USER_PAGES = ("index", "getting_started", "concepts", "guides", "api", "notebooks")
+
+
+def test_user_pages_name_no_issue_and_no_test_file(site):
+  """Provenance (issues, commits, the tests behind a claim) lives in the git log and the
+  benchmarks' run records, not on the pages a user reads to use the library."""
+  found = []
+  for page in sorted(site.rglob("*.html")):
+    relative = page.relative_to(site)
+    if relative.parts[0].removesuffix(".html") not in USER_PAGES:
+      continue
+    text = re.sub(r"<[^>]+>", "", page.read_text(encoding="utf-8"))
+    found += [f"{relative}: {m}" for m in re.findall(r"\bissue \d+|\btests/\w[\w/]*\.py", text)]
+  assert not found, "\n".join(found)
+
+
 def test_the_link_checker_finds_a_broken_link_and_fragment(site, pages):
   index = site / "index.html"
   assert _target(index, "https://arxiv.org/abs/2602.04396", site) is None
