@@ -691,7 +691,7 @@ def scale_by_low_rank_adam(
       :func:`lordo_jax.synchronize` does).
     seed: PRNG seed of ``init_projection="random"``; the same on every worker
       (``None``: 0).
-    matrix_axes: ``None`` (every leaf is a 2-D matrix), or labels as ``lordo``'s
+    matrix_axes: ``None`` (every leaf is a 2-D matrix), or labels as :func:`~lordo_jax.lordo`'s
       ``low_rank_labels`` gives them (:class:`lordo_jax.MatrixAxes` per leaf).
 
   Returns:

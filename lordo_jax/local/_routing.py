@@ -30,7 +30,8 @@ class MatrixAxes:
   """The axes of a leaf that form the rows (p) and the columns (q) of its matrix, and
   the axes (``batch``) that index a stack of such matrices.
 
-  A scanned model's kernel ``(layers, p, q)`` is ``MatrixAxes(batch=0, rows=1, cols=2)``:
+  A scanned model's kernel ``(layers, p, q)`` is
+  :class:`MatrixAxes(batch=0, rows=1, cols=2) <lordo_jax.MatrixAxes>`:
   each layer's ``p x q`` matrix has its own basis and moments (stored stacked along the
   same axis), and the stack is projected, stepped and refreshed in batched computations,
   as ``optax.contrib.muon`` vmaps such axes.

@@ -228,7 +228,8 @@ def synchronize(
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``; extra args other than
-    ``worker_present`` and ``overlap_phase`` go to ``inner``. With an int ``overlap``,
+    ``worker_present`` and :func:`~lordo_jax.overlap_phase` go to ``inner``. With an int
+    ``overlap``,
     ``update(..., overlap_phase=lordo_jax.overlap_phase(step, ...))``, a static value,
     compiles the steps that send a chunk with the chunk outside any conditional
     (:func:`lordo_jax.overlap_phase`); without it the same numbers, no overlap.

@@ -113,7 +113,8 @@ def projections(state: Any) -> Any:
   ``None``. A state stacked over workers gives stacked bases.
 
   Args:
-    state: the state of a low-rank method (``lordo``, ``low_rank_ddp``, ...), or any
+    state: the state of a low-rank method (:func:`~lordo_jax.lordo`,
+      :func:`~lordo_jax.low_rank_ddp`, ...), or any
       tree holding one (a chain's, ``nnx.as_pure`` of an ``nnx.Optimizer``'s).
 
   Returns:

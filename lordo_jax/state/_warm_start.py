@@ -95,8 +95,8 @@ def warm_start_state(source_state: Any, target_state: Any, *, moments: str = "ke
   ``optax.partition`` of the low-rank methods' local step):
 
   ===========================================  =========================================
-  source (``low_rank_ddp``: the chain after    target (``lordo``: the same chain, in
-  ``average_gradients``)                       ``SynchronizeState.inner_state``)
+  source (low-rank DDP: the chain after the    target (LoRDO: the same chain, in
+  gradient average)                            ``SynchronizeState.inner_state``)
   ===========================================  =========================================
   ``LowRankMoments.basis`` Q, per matrix       the same matrix's ``basis`` (exactly)
   ``LowRankMoments.mu, nu`` (u, v; r-sized)    ``mu, nu`` (``moments="keep"``) or zeros
@@ -122,9 +122,10 @@ def warm_start_state(source_state: Any, target_state: Any, *, moments: str = "ke
 
   Args:
     source_state: the source run's optimizer state at the switch (for instance a
-      ``low_rank_ddp`` state restored from its checkpoint).
+      :func:`~lordo_jax.low_rank_ddp` state restored from its checkpoint).
     target_state: the new method's fresh state, ``tx.init`` of the parameters at the
-      switch (for instance a ``lordo(..., init_projection="random")`` state).
+      switch (for instance a :func:`lordo(..., init_projection="random")
+      <lordo_jax.lordo>` state).
     moments: ``"keep"`` copies the moments; ``"reset"`` leaves the target's zeros
       (the step counters continue either way).
 

@@ -164,7 +164,7 @@ def remap_workers(
 
   Args:
     params: the parameters, every leaf stacked ``(M, ...)`` along the workers.
-    opt_state: the optimizer state the same way (a ``synchronize``-based method's:
+    opt_state: the optimizer state the same way (a :func:`~lordo_jax.synchronize`-based method's:
       LoRDO, DiLoCo, DES-LOC, Local Adam; or any state the workers hold alike, such as
       DDP's).
     workers: M', the number of workers to continue on.

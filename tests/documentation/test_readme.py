@@ -85,7 +85,7 @@ MOVED = {
   "Public API": (
     "docs/api/index.md",
     "Public API",
-    '| `warm_start_state(source_state, target_state, *, moments="keep")` |',
+    '| {func}`warm_start_state(source_state, target_state, *, moments="keep")',  # a link
   ),
   "Communication per method (GPT-2 small shapes)": (
     "docs/benchmarks.md",

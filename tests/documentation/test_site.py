@@ -231,6 +231,67 @@ def test_user_pages_name_no_issue_and_no_test_file(site):
   assert not found, "\n".join(found)
 
 
+_PUBLIC = re.compile(r"(?:lordo_jax\.)?((?:checkpoint\.)?[A-Za-z_]\w*)(\(.*\))?$")
+
+
+class _InlineCode(html.parser.HTMLParser):
+  """The text of every inline ``<code>`` of a page, and whether it sits inside a link."""
+
+  def __init__(self):
+    super().__init__()
+    self.links = self.code = self.pre = 0
+    self.spans: list[tuple[str, bool]] = []  # (text, inside a link)
+
+  def handle_starttag(self, tag, attrs):
+    if tag == "a":
+      self.links += 1
+    elif tag == "pre":
+      self.pre += 1
+    elif tag == "code" and not self.pre:
+      self.code += 1
+      if self.code == 1:
+        self.spans.append(("", self.links > 0))
+
+  def handle_endtag(self, tag):
+    if tag == "a":
+      self.links = max(0, self.links - 1)
+    elif tag == "pre":
+      self.pre = max(0, self.pre - 1)
+    elif tag == "code" and self.code:
+      self.code -= 1
+
+  def handle_data(self, data):
+    if self.code:
+      text, linked = self.spans[-1]
+      self.spans[-1] = (text + data, linked)
+
+
+def unlinked_public_names(page: pathlib.Path) -> list[str]:
+  """The inline code on ``page`` that names a public function or class (``name``,
+  ``lordo_jax.name``, ``name(...)``) outside a link."""
+  public = set(lordo_jax.__all__) | {f"checkpoint.{n}" for n in _public_checkpoint_names()}
+  parser = _InlineCode()
+  parser.feed(page.read_text(encoding="utf-8"))
+  found = []
+  for text, linked in parser.spans:
+    name = _PUBLIC.match(" ".join(text.split()))
+    if not linked and name and name.group(1) in public:
+      found.append(text)
+  return found
+
+
+def test_every_public_name_a_user_page_mentions_is_a_link(site):
+  """On the pages written for the site (the notebook, read in Jupyter too, keeps plain
+  code)."""
+  unlinked = {}
+  for page in sorted(site.rglob("*.html")):
+    relative = page.relative_to(site)
+    written_for_the_site = relative.parts[0].removesuffix(".html") in USER_PAGES[:-1]
+    if written_for_the_site and unlinked_public_names(page):
+      unlinked[str(relative)] = unlinked_public_names(page)
+  assert not unlinked, f"public names in inline code without a link to their entry: {unlinked}"
+
+
 def test_the_link_checker_finds_a_broken_link_and_fragment(site, pages):
   index = site / "index.html"
   assert _target(index, "https://arxiv.org/abs/2602.04396", site) is None
