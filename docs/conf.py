@@ -10,6 +10,7 @@ the site itself (sphinx-mathjax-offline), so a page needs no network.
 import ast
 import inspect
 import pathlib
+import re
 import sys
 import textwrap
 
@@ -148,6 +149,32 @@ def _name_aliased_types(app, what, name, obj, options, lines):
     lines.insert(end, f":type {parameter.name}: {alias}")
 
 
+def _math_sections() -> dict[str, str]:
+  """Each numbered section of MATH.md (``"4.6"``) and its heading's anchor."""
+  anchors = {}
+  for line in (ROOT / "docs" / "MATH.md").read_text(encoding="utf-8").splitlines():
+    heading = re.match(r"#{2,4} (\d+(?:\.\d+)?)\.? (.*)", line)
+    if heading:
+      words = re.sub(r"[^\w\- ]", "", f"{heading[1]} {heading[2]}".lower())
+      anchors[heading[1]] = words.replace(" ", "-")
+  return anchors
+
+
+MATH_SECTIONS = _math_sections()
+
+
+def _link_math_sections(app, what, name, obj, options, lines):
+  """"MATH.md §N" in a docstring, plain text in the source, a link to the section on the
+  page (every API page sits one folder below MATH.html)."""
+
+  def link(match):
+    anchor = MATH_SECTIONS.get(match[1])
+    return f"`MATH.md §{match[1]} <../MATH.html#{anchor}>`__" if anchor else match[0]
+
+  lines[:] = [re.sub(r"(?<![`<])MATH\.md §(\d+(?:\.\d+)?)", link, line) for line in lines]
+
+
 def setup(app):
   app.connect("autodoc-process-docstring", _document_fields)
   app.connect("autodoc-process-docstring", _name_aliased_types, priority=600)
+  app.connect("autodoc-process-docstring", _link_math_sections)

@@ -292,6 +292,36 @@ def test_every_public_name_a_user_page_mentions_is_a_link(site):
   assert not unlinked, f"public names in inline code without a link to their entry: {unlinked}"
 
 
+class _TextOutsideLinks(html.parser.HTMLParser):
+  """The text of a page that is not inside a link."""
+
+  def __init__(self):
+    super().__init__()
+    self.links, self.text = 0, []
+
+  def handle_starttag(self, tag, attrs):
+    self.links += tag == "a"
+
+  def handle_endtag(self, tag):
+    self.links -= tag == "a" and self.links > 0
+
+  def handle_data(self, data):
+    if not self.links:
+      self.text.append(data)
+
+
+def test_every_math_section_an_api_page_cites_is_a_link(site):
+  """The docstrings say "MATH.md §N" in plain text; the built page links the section."""
+  unlinked = {}
+  for page in sorted((site / "api").glob("*.html")):
+    parser = _TextOutsideLinks()
+    parser.feed(page.read_text(encoding="utf-8"))
+    cites = re.findall(r"MATH\.md §[\d.]+", " ".join(parser.text))
+    if cites:
+      unlinked[page.name] = cites
+  assert not unlinked, f"sections of MATH.md cited without a link: {unlinked}"
+
+
 def test_the_link_checker_finds_a_broken_link_and_fragment(site, pages):
   index = site / "index.html"
   assert _target(index, "https://arxiv.org/abs/2602.04396", site) is None
