@@ -147,6 +147,23 @@ def check_layout(
     item: ``"params"`` or ``"opt_state"``, for the message.
     where: the checkpoint's directory and step, for the message.
     saved_type: the type name of the saved tree's root, for the message.
+
+  Raises:
+    CheckpointMismatchError: a leaf missing, extra, or of another shape or dtype; the
+      message names the first ones and the likely cause, in one screen.
+
+  Examples:
+    A layout as :func:`save` records it, checked against a tree of another shape:
+
+    >>> import jax.numpy as jnp
+    >>> from lordo_jax import checkpoint
+    >>> saved = [{"path": "['w']", "keys": ["w"], "shape": [4, 2], "dtype": "float32"}]
+    >>> checkpoint.check_layout(saved, {"w": jnp.ones((4, 2))}, item="params", where="here")
+    >>> try:
+    ...   checkpoint.check_layout(saved, {"w": jnp.ones((4, 3))}, item="params", where="here")
+    ... except checkpoint.CheckpointMismatchError:
+    ...   print("refused")
+    refused
   """
   target = {_normalised(leaf): leaf for leaf in _describe(like)}
   stored = {_normalised(leaf): leaf for leaf in saved}

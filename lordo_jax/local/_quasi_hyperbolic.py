@@ -67,6 +67,15 @@ def quasi_hyperbolic_mix(
 
   Returns:
     The ``p x q`` direction.
+
+  Examples:
+    With D all ones (so ``s = 1``), half of G plus half of L:
+
+    >>> import jax.numpy as jnp, lordo_jax
+    >>> g, low_rank = jnp.full((4, 3), 2.0), jnp.ones((4, 3))
+    >>> mixed = lordo_jax.quasi_hyperbolic_mix(g, low_rank, jnp.ones((2, 3)), 0.5, 1.0, "scalar")
+    >>> mixed[0].tolist()
+    [1.5, 1.5, 1.5]
   """
   if isinstance(omega, (int, float)) and omega == 1:
     return low_rank_direction

@@ -54,6 +54,14 @@ def communicated_elements(state: Any) -> int:
 def communicated_bytes(state: Any) -> int:
   """Bytes all-reduced per worker since ``init`` (see :func:`communicated_elements`).
 
+  Args:
+    state: an optimizer state, or any tree holding one (see
+      :func:`communicated_elements`).
+
+  Returns:
+    The bytes, an exact Python int, in each message's own dtype (a compressed message
+    counts its encoded bytes).
+
   Examples:
     >>> import jax.numpy as jnp, lordo_jax
     >>> tx = lordo_jax.lordo(1e-2, rank=2, sync_every=4)
@@ -90,6 +98,15 @@ def step_count(state: Any) -> jax.Array:
   leaves' Adam's), all equal, so ``optax.tree_utils.tree_get(state, "count")`` finds
   more than one and raises; this reads the outermost, through any wrapper
   (``optax.inject_hyperparams``, ``optax.chain``, a Flax state).
+
+  Args:
+    state: an optimizer state, or any tree holding one.
+
+  Returns:
+    The count, an int32 array (stacked over workers: one per worker).
+
+  Raises:
+    ValueError: the state holds no ``count``.
 
   Examples:
     >>> import jax.numpy as jnp, lordo_jax
