@@ -3,9 +3,10 @@
 A LoRDO run saved on 4 workers at a boundary continues on 2 (and on 8): its first steps'
 curves are the saved run's, and a stop and resume on 2 workers after the remap is the
 resumed run that never stopped (the data generators restarted at the remap carry on).
-Mid-round the job refuses, in one line naming ``--resume-mid-round``, and restarts the
-round with it. With ``absent`` a worker away for rounds 2-3 holds, after each of their
-boundaries, exactly what the others hold, and is counted out of exactly those syncs.
+Mid-round the job refuses, in one line naming ``--resume-mid-round``, restarts the
+round with it, or finishes it on the saved workers first. With ``absent`` a worker away
+for rounds 2-3 holds, after each of their boundaries, exactly what the others hold, and
+is counted out of exactly those syncs.
 """
 
 import dataclasses
@@ -112,6 +113,26 @@ def test_mid_round_is_refused_in_one_line_unless_the_round_restarts(tmp_path):
   resumed = run(config, 2, resume=True, resume_mid_round="restart")
   assert resumed.resumed_from == 12 and len(resumed.train_loss) == N
   assert np.isfinite(resumed.train_loss).all()
+
+
+def test_mid_round_the_round_can_finish_on_its_own_workers_first(tmp_path):
+  """The other choice: resume on the saved 4 to the round's end, save, move to 2. It is
+  the run saved at that boundary without a stop, moved to 2, bit for bit."""
+  finished = dataclasses.replace(CONFIG, checkpoint_dir=str(tmp_path / "finished"))
+  run(finished, M, stop_after=12)  # mid-round 2
+  run(finished, M, resume=True, stop_after=2 * K)  # finish round 2 on the 4 workers
+  moved = run(finished, 2, resume=True)
+  straight = dataclasses.replace(CONFIG, checkpoint_dir=str(tmp_path / "straight"))
+  run(straight, M, stop_after=2 * K)
+  reference = run(straight, 2, resume=True)
+  assert moved.resumed_from == reference.resumed_from == 2 * K
+  assert moved.train_loss == reference.train_loss
+  for a, b in zip(
+    jax.tree.leaves(saved_trees(finished.checkpoint_dir, N, 2)),
+    jax.tree.leaves(saved_trees(straight.checkpoint_dir, N, 2)),
+    strict=True,
+  ):
+    np.testing.assert_array_equal(a, b)
 
 
 def test_a_worker_away_for_rounds_2_and_3_holds_the_synchronised_state(tmp_path):
