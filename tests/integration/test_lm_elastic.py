@@ -92,13 +92,7 @@ def test_after_the_remap_a_stop_and_resume_is_the_run_that_never_stopped(
   run(stopped_config, 2, resume=True, stop_after=12)  # mid-round, on the new workers
   resumed = run(stopped_config, 2, resume=True)
   assert resumed.resumed_from == 12
-  assert resumed.train_loss == straight.train_loss
-  for a, b in zip(
-    jax.tree.leaves(saved_trees(stopped_config.checkpoint_dir, N, 2)),
-    jax.tree.leaves(saved_trees(straight_config.checkpoint_dir, N, 2)),
-    strict=True,
-  ):
-    np.testing.assert_array_equal(a, b)
+  assert_same_run(resumed, stopped_config, straight, straight_config)
 
 
 def test_mid_round_is_refused_in_one_line_unless_the_round_restarts(tmp_path):
@@ -126,13 +120,7 @@ def test_mid_round_the_round_can_finish_on_its_own_workers_first(tmp_path):
   run(straight, M, stop_after=2 * K)
   reference = run(straight, 2, resume=True)
   assert moved.resumed_from == reference.resumed_from == 2 * K
-  assert moved.train_loss == reference.train_loss
-  for a, b in zip(
-    jax.tree.leaves(saved_trees(finished.checkpoint_dir, N, 2)),
-    jax.tree.leaves(saved_trees(straight.checkpoint_dir, N, 2)),
-    strict=True,
-  ):
-    np.testing.assert_array_equal(a, b)
+  assert_same_run(moved, finished, reference, straight)
 
 
 def test_a_worker_away_for_rounds_2_and_3_holds_the_synchronised_state(tmp_path):
@@ -150,6 +138,17 @@ def test_a_worker_away_for_rounds_2_and_3_holds_the_synchronised_state(tmp_path)
     for leaf in jax.tree.leaves(params):
       np.testing.assert_allclose(leaf, np.broadcast_to(leaf[:1], leaf.shape), rtol=1e-6, atol=1e-9)
     assert state.faults.excluded.tolist() == [excluded] * M
+
+
+def assert_same_run(result, config, expected, expected_config):
+  """The same curve, and the same trees at step N on 2 workers, bit for bit."""
+  assert result.train_loss == expected.train_loss
+  for a, b in zip(
+    jax.tree.leaves(saved_trees(config.checkpoint_dir, N, 2)),
+    jax.tree.leaves(saved_trees(expected_config.checkpoint_dir, N, 2)),
+    strict=True,
+  ):
+    np.testing.assert_array_equal(a, b)
 
 
 def assert_workers_agree(*trees):
