@@ -1,10 +1,9 @@
 """A message in chunks (``lordo_jax/comm/_chunks.py``): laid out and back exactly, each
 part in its own dtype, the chunks' means are the mean's chunks bit for bit, each chunk is
 counted as it travels, and a chunk of carried state is a collective that can overlap its
-step's compute (``tests/hlo.py``).
+step's compute (``tests/helpers/hlo.py``).
 """
 
-import hlo
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,6 +12,7 @@ from jax.sharding import PartitionSpec as P
 
 from lordo_jax.comm import _chunks as chunks_lib
 from lordo_jax.comm import _collectives as collectives
+from tests.helpers import hlo
 
 WORKERS = 4
 

@@ -7,8 +7,8 @@ import pytest
 
 import lordo_jax
 from lordo_jax.comm import _collectives as collectives
-from tests import hlo
-from tests import workers
+from tests.helpers import hlo
+from tests.helpers import workers
 
 M = 4
 RANK = 2

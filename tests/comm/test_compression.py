@@ -23,8 +23,8 @@ from jax.sharding import PartitionSpec as P
 import lordo_jax
 from lordo_jax.comm import _collectives as collectives
 from lordo_jax.comm import _compression as compression
-from tests import hlo
-from tests import workers
+from tests.helpers import hlo
+from tests.helpers import workers
 
 M = 4
 SHAPES = {"matrix": (12, 6), "vector": (7,), "kernel": (5, 2, 3), "short": (2, 9)}

@@ -1,4 +1,4 @@
-"""The compiled-program check of overlap (``tests/hlo.py``), with its controls.
+"""The compiled-program check of overlap (``tests/helpers/hlo.py``), with its controls.
 
 A collective can hide under a step's forward/backward pass only if, in the step's
 optimised HLO, it sits at the top level of the entry computation and depends on no
@@ -9,13 +9,13 @@ and the library's current sync are reported as not overlappable. The programs ar
 lowered and compiled only, never run, so no execution is ever in flight.
 """
 
-import hlo
 import jax
 import jax.numpy as jnp
 import optax
 from jax.sharding import PartitionSpec as P
 
 import lordo_jax
+from tests.helpers import hlo
 
 WORKERS = 4
 PARAMS, CARRIED, GRADS = 0, 1, 2  # the entry parameters of the toy step below

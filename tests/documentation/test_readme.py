@@ -10,13 +10,14 @@ import re
 import tomllib
 
 import pytest
-from readme_examples import README
-from readme_examples import ROOT
-from readme_examples import headings
-from readme_examples import page_text
-from readme_examples import python_blocks
-from readme_examples import run
-from readme_examples import section
+
+from tests.helpers.readme_examples import README
+from tests.helpers.readme_examples import ROOT
+from tests.helpers.readme_examples import headings
+from tests.helpers.readme_examples import page_text
+from tests.helpers.readme_examples import python_blocks
+from tests.helpers.readme_examples import run
+from tests.helpers.readme_examples import section
 
 # Its offload example keeps state in host memory: without the compilation cache
 # (tests/conftest.py).

@@ -10,11 +10,12 @@ options, and the overlap guide's step with a static phase learns.
 import re
 
 import pytest
-from readme_examples import ROOT
-from readme_examples import page_text
-from readme_examples import python_blocks
-from readme_examples import run
-from readme_examples import section
+
+from tests.helpers.readme_examples import ROOT
+from tests.helpers.readme_examples import page_text
+from tests.helpers.readme_examples import python_blocks
+from tests.helpers.readme_examples import run
+from tests.helpers.readme_examples import section
 
 pytestmark = pytest.mark.timeout(180, method="thread")
 

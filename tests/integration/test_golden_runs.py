@@ -38,7 +38,7 @@ import optax
 import pytest
 
 import lordo_jax
-from tests import workers
+from tests.helpers import workers
 
 M = 4
 STEPS = 8

@@ -14,18 +14,18 @@ import json
 import shutil
 
 import jax
-import lm_example
 import numpy as np
 import pytest
-import readme_examples
-from lm_example import PRESET
-from lm_example import checkpoints
-from lm_example import model
-from lm_example import train
 from test_lm_resume import main_py  # examples/main.py: the tiny preset, 16 steps, K = 8
 
 import lordo_jax
 from lordo_jax import checkpoint
+from tests.helpers import lm_example
+from tests.helpers import readme_examples
+from tests.helpers.lm_example import PRESET
+from tests.helpers.lm_example import checkpoints
+from tests.helpers.lm_example import model
+from tests.helpers.lm_example import train
 
 pytestmark = pytest.mark.timeout(300, method="thread")
 

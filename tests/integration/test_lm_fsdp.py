@@ -18,18 +18,18 @@ import subprocess
 import sys
 
 import jax
-import lm_example
 import numpy as np
 import pytest
-from lm_example import EXAMPLES
-from lm_example import PRESET
-from lm_example import main
-from lm_example import model
-from lm_example import report
-from lm_example import train
 
 import lordo_jax
 from lordo_jax import checkpoint
+from tests.helpers import lm_example
+from tests.helpers.lm_example import EXAMPLES
+from tests.helpers.lm_example import PRESET
+from tests.helpers.lm_example import main
+from tests.helpers.lm_example import model
+from tests.helpers.lm_example import report
+from tests.helpers.lm_example import train
 
 # Host-offloaded state: without the compilation cache (tests/conftest.py).
 pytestmark = [pytest.mark.timeout(240, method="thread"), pytest.mark.no_compilation_cache]

@@ -18,11 +18,11 @@ to 2.6%.
 import dataclasses
 
 import pytest
-from lm_example import data
-from lm_example import model
-from lm_example import train
 
 from lordo_jax import checkpoint
+from tests.helpers.lm_example import data
+from tests.helpers.lm_example import model
+from tests.helpers.lm_example import train
 
 pytestmark = pytest.mark.timeout(240, method="thread")
 

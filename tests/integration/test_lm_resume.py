@@ -16,17 +16,17 @@ import subprocess
 import sys
 
 import jax
-import lm_example
 import numpy as np
 import pytest
-from lm_example import EXAMPLES
-from lm_example import PRESET
-from lm_example import checkpoints
-from lm_example import data
-from lm_example import model
-from lm_example import train
 
 from lordo_jax import checkpoint
+from tests.helpers import lm_example
+from tests.helpers.lm_example import EXAMPLES
+from tests.helpers.lm_example import PRESET
+from tests.helpers.lm_example import checkpoints
+from tests.helpers.lm_example import data
+from tests.helpers.lm_example import model
+from tests.helpers.lm_example import train
 
 pytestmark = pytest.mark.timeout(240, method="thread")
 

@@ -28,19 +28,19 @@ import sys
 
 import jax
 import jax.numpy as jnp
-import lm_example
 import numpy as np
 import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
-from lm_example import EXAMPLES
-from lm_example import PRESET
-from lm_example import checkpoints
-from lm_example import model
-from lm_example import train
-from lm_example import warm_start
 
 import lordo_jax
+from tests.helpers import lm_example
+from tests.helpers.lm_example import EXAMPLES
+from tests.helpers.lm_example import PRESET
+from tests.helpers.lm_example import checkpoints
+from tests.helpers.lm_example import model
+from tests.helpers.lm_example import train
+from tests.helpers.lm_example import warm_start
 
 pytestmark = pytest.mark.timeout(300, method="thread")
 

@@ -14,7 +14,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import lordo_jax
-from tests import workers as workers_lib
+from tests.helpers import workers as workers_lib
 
 WORKERS = 4
 PARAMS = {"w": jax.random.normal(jax.random.key(0), (16, 8)), "b": jnp.zeros(8)}

@@ -12,19 +12,19 @@ import functools
 import math
 import re
 
-import hlo
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-import sharded_mlp
 from jax.sharding import AxisType
 from jax.sharding import PartitionSpec as P
-from sharded_mlp import AXIS
-from sharded_mlp import FSDP_SPECS
 
 import lordo_jax
+from tests.helpers import hlo
+from tests.helpers import sharded_mlp
+from tests.helpers.sharded_mlp import AXIS
+from tests.helpers.sharded_mlp import FSDP_SPECS
 
 pytestmark = pytest.mark.timeout(600, method="thread")
 
@@ -368,7 +368,7 @@ WORKER_GROUPS = "{{0,2,4,6},{1,3,5,7}}"  # the worker axis of a (4, 2) mesh of d
 )
 def test_on_four_workers_times_fsdp_the_chunk_can_overlap_the_step(method, phase, axis_type):
   """The compiled step of 4 workers x 2-way FSDP: every collective over the workers is
-  at the top level and reads only the state carried in (``tests/hlo.py``); the same
+  at the top level and reads only the state carried in (``tests/helpers/hlo.py``); the same
   method without overlap (its sync in a conditional) is not, the control."""
   build = {
     "diloco_overlap_round": functools.partial(lordo_jax.diloco, 1e-2, sync_every=2),

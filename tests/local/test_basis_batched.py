@@ -20,7 +20,7 @@ from jax.sharding import PartitionSpec as P
 
 import lordo_jax
 from lordo_jax.local import bases
-from tests import basis_numpy as ref
+from tests.references import basis_numpy as ref
 
 RANK = 3
 METHODS = [(name, False) for name in bases.ONE_SIDED] + [(name, True) for name in bases.TWO_SIDED]

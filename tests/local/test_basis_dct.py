@@ -7,7 +7,6 @@ Tolerances: DCT columns are float64 values rounded once to float32, so ``atol=1e
 float32 products of length n <= 300 to ``rtol=atol=1e-5``; overlaps are exact.
 """
 
-import basis_numpy as ref
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -18,6 +17,7 @@ from jax.sharding import PartitionSpec as P
 import lordo_jax
 from lordo_jax.local import bases as bases
 from lordo_jax.local.bases import dct
+from tests.references import basis_numpy as ref
 
 RANK = 4
 N = 300  # the DCT length: two blocks of 256 scores, the second one partial

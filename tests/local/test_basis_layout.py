@@ -16,8 +16,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from lordo_jax.local.bases import layout
-from tests import basis_numpy as ref
-from tests import hlo
+from tests.helpers import hlo
+from tests.references import basis_numpy as ref
 
 
 def _factor(n: int, r: int, condition: float, seed: int = 0) -> np.ndarray:

@@ -13,7 +13,6 @@ per pass and an SVD, divided by relative singular-value gaps of 0.3); products t
 ``rtol=atol=1e-5``.
 """
 
-import basis_numpy as ref
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -22,6 +21,7 @@ import pytest
 from lordo_jax.local import bases as bases
 from lordo_jax.local.bases import randomized_svd
 from lordo_jax.local.bases import strategy as strategy_lib
+from tests.references import basis_numpy as ref
 
 RANK = 2
 

@@ -7,7 +7,6 @@ over simulated workers; the one-sided side rule and random bases. Tolerances: fl
 bases against NumPy's float64 SVD of gapped matrices to ``atol=1e-5``.
 """
 
-import basis_numpy as ref
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -17,6 +16,7 @@ from lordo_jax.local import bases as bases
 from lordo_jax.local.bases import one_sided
 from lordo_jax.local.bases import strategy as strategy_lib
 from lordo_jax.local.bases import two_sided
+from tests.references import basis_numpy as ref
 
 RANK = 2
 

@@ -7,7 +7,6 @@ the float64 ones to ``atol=1e-5`` (QR and SVD of well-separated matrices); angle
 carry a float32 floor of ``1e-5`` radians.
 """
 
-import basis_numpy as ref
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,6 +14,7 @@ import pytest
 
 from lordo_jax.local import bases as bases
 from lordo_jax.local.bases import subspace_iteration
+from tests.references import basis_numpy as ref
 
 RANK = 2
 

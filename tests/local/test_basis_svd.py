@@ -6,7 +6,6 @@ agrees with NumPy's singular vectors to ``atol=1e-5``; products of float32 opera
 magnitude about 1 to ``rtol=atol=1e-5``.
 """
 
-import basis_numpy as ref
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,6 +13,7 @@ import pytest
 
 from lordo_jax.local import bases as bases
 from lordo_jax.local.bases import svd
+from tests.references import basis_numpy as ref
 
 RANK = 2
 # (p, q, side option, the side it must pick): MATH.md §2, and both forced sides.

@@ -6,7 +6,6 @@ Tolerances: float32 singular vectors of a matrix with a spectral gap to ``atol=1
 of NumPy's float64 ones; products of float32 operands to ``rtol=atol=1e-5``.
 """
 
-import basis_numpy as ref
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,6 +13,7 @@ import pytest
 
 from lordo_jax.local import bases as bases
 from lordo_jax.local.bases import two_sided_svd
+from tests.references import basis_numpy as ref
 
 RANK = 2
 SHAPES = [(12, 7), (7, 12), (8, 8)]

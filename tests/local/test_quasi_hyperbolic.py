@@ -3,13 +3,13 @@
 
 import jax
 import jax.numpy as jnp
-import lordo_reference as ref
 import numpy as np
 import optax
 import pytest
 
 from lordo_jax.local import _quasi_hyperbolic as quasi_hyperbolic
 from lordo_jax.methods import local_step
+from tests.references import lordo_reference as ref
 
 STEPS = 6
 

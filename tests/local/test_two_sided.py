@@ -12,15 +12,15 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
-import lordo_reference as ref
-import multiworker
 import numpy as np
 import optax
 import pytest
-import two_sided_reference as two_ref
 
 import lordo_jax
 from lordo_jax.local import _two_sided_projection as two_sided
+from tests.helpers import multiworker
+from tests.references import lordo_reference as ref
+from tests.references import two_sided_reference as two_ref
 
 NUM_WORKERS = 4
 STEPS = 12

@@ -7,7 +7,7 @@ import optax
 import pytest
 
 import lordo_jax
-from tests import workers
+from tests.helpers import workers
 
 PARAMS = {"w": jnp.ones((12, 6)) * 0.1, "v": jnp.ones((5, 10)) * 0.1, "b": jnp.zeros(6)}
 

@@ -2,7 +2,7 @@
 
 Every method runs on M = 4 simulated workers (one ``jax.shard_map`` program over a
 mesh axis ``workers``) on a two-part least-squares problem whose gradient is also
-written out in NumPy, so ``tests/baseline_reference.py`` can follow docs/MATH.md alone.
+written out in NumPy, so ``tests/references/baseline_reference.py`` can follow docs/MATH.md alone.
 """
 
 import functools
@@ -16,9 +16,9 @@ import pytest
 from optax.contrib import _galore
 
 import lordo_jax
-from tests import baseline_reference
-from tests import hlo
-from tests import workers
+from tests.helpers import hlo
+from tests.helpers import workers
+from tests.references import baseline_reference
 
 M = 4
 AXIS = workers.AXIS

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import pytest
 
 import lordo_jax
-from tests import hlo
+from tests.helpers import hlo
 
 LAYERS = 3
 SHAPES = {"up": (32, 16), "down": (16, 48)}  # Left and right side.

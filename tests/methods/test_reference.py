@@ -7,12 +7,12 @@ how far the parameters have moved. The cases cover every value of every option
 the reference models at least once.
 """
 
-import lordo_reference as ref
-import multiworker
 import numpy as np
 import pytest
 
 import lordo_jax
+from tests.helpers import multiworker
+from tests.references import lordo_reference as ref
 
 NUM_WORKERS = 4
 STEPS = 12

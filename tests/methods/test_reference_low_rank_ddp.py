@@ -10,14 +10,14 @@ projection and on the full-rank path) and the other variants, each shown to move
 reference's trajectory well beyond the tolerance.
 """
 
-import lordo_reference as ref
-import multiworker
 import numpy as np
 import pytest
 from test_reference import MOVING_TARGET
 from test_reference import assert_well_conditioned
 
 import lordo_jax
+from tests.helpers import multiworker
+from tests.references import lordo_reference as ref
 
 NUM_WORKERS = 4
 STEPS = 12

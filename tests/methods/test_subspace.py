@@ -10,12 +10,12 @@ per worker) has gradients far outside any rank-2 subspace.
 
 import itertools
 
-import lordo_reference as ref
-import multiworker
 import numpy as np
 import pytest
 
 import lordo_jax
+from tests.helpers import multiworker
+from tests.references import lordo_reference as ref
 
 NUM_WORKERS = 4
 STEPS = 12

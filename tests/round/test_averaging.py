@@ -13,7 +13,7 @@ import pytest
 
 from lordo_jax.comm import _collectives as collectives
 from lordo_jax.round import _averaging as averaging
-from tests import workers
+from tests.helpers import workers
 
 pytestmark = pytest.mark.timeout(180, method="thread")
 

@@ -9,7 +9,7 @@ from jax.sharding import PartitionSpec as P
 
 import lordo_jax
 from lordo_jax.round import _faults as faults_lib
-from tests import workers
+from tests.helpers import workers
 
 pytestmark = pytest.mark.timeout(300, method="thread")
 

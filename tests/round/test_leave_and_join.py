@@ -19,8 +19,8 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import lordo_jax
-from tests import hlo
-from tests import workers
+from tests.helpers import hlo
+from tests.helpers import workers
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -16,7 +16,7 @@ from lordo_jax.comm import _collectives as collectives
 from lordo_jax.local import _low_rank_adam as low_rank
 from lordo_jax.round import _averaging as averaging
 from lordo_jax.round import _moment_averaging as moment_averaging
-from tests import workers
+from tests.helpers import workers
 
 pytestmark = pytest.mark.timeout(180, method="thread")
 

@@ -15,13 +15,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-import sharded_mlp
 from jax.sharding import AxisType
 from jax.sharding import PartitionSpec as P
-from sharded_mlp import AXIS
-from sharded_mlp import FSDP_SPECS
 
 import lordo_jax
+from tests.helpers import sharded_mlp
+from tests.helpers.sharded_mlp import AXIS
+from tests.helpers.sharded_mlp import FSDP_SPECS
 
 # Host-offloaded state: without the compilation cache (tests/conftest.py).
 pytestmark = [pytest.mark.timeout(300, method="thread"), pytest.mark.no_compilation_cache]

@@ -1,23 +1,23 @@
 """A whole round in flight (``overlap="round"``) against the float64 reference of
-MATH.md §9 (``tests/overlap_reference.py``), on 4 workers, and in the compiled program.
+MATH.md §9 (``tests/references/overlap_reference.py``), on 4 workers, and in the compiled program.
 
 Every step's chunk is one collective at the top level of the step's program that
-reads only the state carried in (``tests/hlo.py``), and the ledger counts it.
+reads only the state carried in (``tests/helpers/hlo.py``), and the ledger counts it.
 """
 
 import functools
 
-import hlo
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-import overlap_reference as ref
 import pytest
-import workers
 
 import lordo_jax
 from lordo_jax.comm import _chunks as chunks_lib
+from tests.helpers import hlo
+from tests.helpers import workers
+from tests.references import overlap_reference as ref
 
 M, K, STEPS, LR = 4, 3, 10, 0.05
 RNG = np.random.default_rng(0)

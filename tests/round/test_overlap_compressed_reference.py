@@ -1,5 +1,5 @@
 """Compressed chunks of a message in flight (``compression="int8" | "bfloat16"``) against
-the float64 reference of MATH.md §9, "Chunks and codecs" (``tests/overlap_reference.py``
+the float64 reference of MATH.md §9, "Chunks and codecs" (``tests/references/overlap_reference.py``
 with ``compression``), on 4 workers: the library equals it, not only stays near it.
 
 The reference cuts each message into the library's chunks, sends each part of a chunk
@@ -12,17 +12,17 @@ beyond the tolerance, from the uncompressed one.
 import dataclasses
 import functools
 
-import chunk_codec_reference as codec_ref
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-import overlap_reference as ref
 import pytest
-import workers
 
 import lordo_jax
 from lordo_jax.comm import _collectives as collectives
+from tests.helpers import workers
+from tests.references import chunk_codec_reference as codec_ref
+from tests.references import overlap_reference as ref
 
 M, LR = 4, 0.05
 # The float32 library and the float64 reference round a value apart when it is within

@@ -1,5 +1,5 @@
 """Streaming with a message in flight (``fragments=F``, ``overlap=tau``) against the
-float64 reference of MATH.md §9 (``tests/overlap_reference.py``) on 4 workers.
+float64 reference of MATH.md §9 (``tests/references/overlap_reference.py``) on 4 workers.
 
 Each fragment is frozen at its own offset of the round and lands tau steps later with
 its own outer state; one fragment's message at a time is in flight, in one buffer laid
@@ -9,18 +9,18 @@ out for the widest fragment, so one program sends every chunk.
 import dataclasses
 import functools
 
-import hlo
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-import overlap_reference as ref
 import pytest
-import workers
 
 import lordo_jax
 from lordo_jax.comm import _chunks as chunks_lib
 from lordo_jax.round import _periods as periods
+from tests.helpers import hlo
+from tests.helpers import workers
+from tests.references import overlap_reference as ref
 
 M, K, STEPS, LR = 4, 6, 20, 0.05
 RNG = np.random.default_rng(3)

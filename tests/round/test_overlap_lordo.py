@@ -1,18 +1,18 @@
 """LoRDO with a message in flight against its float64 reference
-(``tests/lordo_overlap_reference.py``): on 4 workers, every merge, the bases refreshed
+(``tests/references/lordo_overlap_reference.py``): on 4 workers, every merge, the bases refreshed
 from the landed mean and the corrected moments carried into them (MATH.md §9); and with
 the leaves in fragments that freeze at staggered steps and land tau steps later, each
 on its own leaves (Streaming DiLoCo)."""
 
 import functools
 
-import lordo_overlap_reference as overlap_ref
-import lordo_reference as ref
-import multiworker
 import numpy as np
 import pytest
 
 import lordo_jax
+from tests.helpers import multiworker
+from tests.references import lordo_overlap_reference as overlap_ref
+from tests.references import lordo_reference as ref
 
 WORKERS, STEPS, K, LR, RANK, RTOL = 4, 12, 3, 0.02, 2, 1e-4
 FRAGMENT_STEPS = 16  # every fragment lands at least twice in the cases below

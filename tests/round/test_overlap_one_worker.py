@@ -10,13 +10,13 @@ K = 4, 24 steps.
 
 import jax
 import jax.numpy as jnp
-import lordo_reference as ref
-import multiworker
 import numpy as np
 import pytest
-import workers
 
 import lordo_jax
+from tests.helpers import multiworker
+from tests.helpers import workers
+from tests.references import lordo_reference as ref
 
 K, STEPS, LR = 4, 24, 1e-2
 P, Q = 12, 8

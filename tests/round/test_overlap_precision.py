@@ -1,7 +1,7 @@
 """The message in flight travels in the parameters' precision (MATH.md §9): a bfloat16
 model's round with ``overlap=1`` or ``overlap="round"`` sends what its blocking round
 sends (the pseudo-gradient in bfloat16, LoRDO's moments in float32), in the ledger and
-in the program (``tests/hlo.py``); the mean that lands is the blocking round's, bit for
+in the program (``tests/helpers/hlo.py``); the mean that lands is the blocking round's, bit for
 bit; and its buffers take bfloat16's memory. A float32 model's is unchanged (the float64
 references of ``test_overlap*.py``).
 
@@ -12,15 +12,15 @@ a multiple of K = 4 chunks, so no chunk is padded.
 
 import functools
 
-import hlo
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-import workers
 
 import lordo_jax
+from tests.helpers import hlo
+from tests.helpers import workers
 
 M, K, LR = 4, 4, 0.05
 DELTA, MOMENTS = 16 * 8 + 8, 2 * (2 * 8 + 8)

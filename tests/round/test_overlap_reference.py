@@ -1,4 +1,4 @@
-"""The float64 reference of overlapped synchronisation (``tests/overlap_reference.py``)
+"""The float64 reference of overlapped synchronisation (``tests/references/overlap_reference.py``)
 has the properties MATH.md §9 states, so the library can be held against it.
 
 With SGD inside and fixed gradients, ``"rebase"`` gives the plain round's parameters
@@ -8,8 +8,9 @@ it was; tau = 0 is the plain round; and a whole round in flight lands one round 
 """
 
 import numpy as np
-import overlap_reference as ref
 import pytest
+
+from tests.references import overlap_reference as ref
 
 K, M, STEPS = 4, 4, 16
 RNG = np.random.default_rng(0)

@@ -16,7 +16,7 @@ import pytest
 
 import lordo_jax
 from lordo_jax.round import _periods as schedules
-from tests import workers
+from tests.helpers import workers
 
 M = 2
 STEPS = 40

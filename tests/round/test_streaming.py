@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import lordo_jax
-from tests import workers
+from tests.helpers import workers
 
 M = 4
 K = 6

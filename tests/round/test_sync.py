@@ -15,13 +15,13 @@ in flight.
 
 import jax
 import jax.numpy as jnp
-import lordo_reference as ref
-import multiworker
 import numpy as np
 import optax
 import pytest
 
 import lordo_jax
+from tests.helpers import multiworker
+from tests.references import lordo_reference as ref
 
 NUM_WORKERS = 4
 STEPS = 9

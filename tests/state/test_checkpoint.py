@@ -11,10 +11,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-import workers
 
 import lordo_jax
 from lordo_jax import checkpoint
+from tests.helpers import workers
 
 pytestmark = pytest.mark.timeout(300, method="thread")
 

@@ -16,14 +16,14 @@ import jax
 import numpy as np
 import optax
 import pytest
-import sharded_mlp
 from jax.sharding import AxisType
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
-from sharded_mlp import AXIS
-from sharded_mlp import FSDP_SPECS
 
 import lordo_jax
+from tests.helpers import sharded_mlp
+from tests.helpers.sharded_mlp import AXIS
+from tests.helpers.sharded_mlp import FSDP_SPECS
 from tests.state.test_remap_workers import assert_same
 from tests.state.test_remap_workers import round_of
 from tests.state.test_remap_workers import worker0

@@ -21,7 +21,7 @@ import optax
 import pytest
 
 import lordo_jax
-from tests import workers as workers_lib
+from tests.helpers import workers as workers_lib
 
 pytestmark = pytest.mark.timeout(300)
 

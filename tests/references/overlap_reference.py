@@ -31,8 +31,9 @@ fragment's message at a time is in flight.
 
 import dataclasses
 
-import chunk_codec_reference as codec_ref
 import numpy as np
+
+from tests.references import chunk_codec_reference as codec_ref
 
 
 @dataclasses.dataclass

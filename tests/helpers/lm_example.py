@@ -7,7 +7,7 @@ tiny preset and :func:`dataset` the embedded text split for it.
 import pathlib
 import sys
 
-EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
 sys.path.insert(0, str(EXAMPLES))
 import main  # noqa: E402
 from lm import checkpoints  # noqa: E402

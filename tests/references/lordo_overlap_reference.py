@@ -19,9 +19,10 @@ or p x r coordinates), in name order: the order of the local optimizer's state.
 
 import dataclasses
 
-import chunk_codec_reference as codec_ref
-import lordo_reference as ref
 import numpy as np
+
+from tests.references import chunk_codec_reference as codec_ref
+from tests.references import lordo_reference as ref
 
 
 @dataclasses.dataclass(frozen=True)

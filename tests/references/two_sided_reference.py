@@ -24,8 +24,9 @@ Two runs: :class:`TwoSidedReference` is LoRDO (the M-worker reference of
 
 from __future__ import annotations
 
-import lordo_reference as ref
 import numpy as np
+
+from tests.references import lordo_reference as ref
 
 
 def two_sided_bases(x: np.ndarray, rank: int) -> tuple[tuple[np.ndarray, np.ndarray], dict]:
