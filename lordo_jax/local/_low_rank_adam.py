@@ -232,18 +232,6 @@ def _unlisted(moments, entries: list):
   return map_matrices(lambda m: next(entries), moments)
 
 
-class _Pair(NamedTuple):
-  a: Any
-  b: Any
-
-
-def _unzip(tree):
-  is_pair = lambda x: isinstance(x, _Pair)  # noqa: E731
-  as_ = jax.tree.map(lambda p: p.a, tree, is_leaf=is_pair)
-  bs = jax.tree.map(lambda p: p.b, tree, is_leaf=is_pair)
-  return as_, bs
-
-
 @dataclasses.dataclass(frozen=True)
 class LowRankOptions:
   """The options of the low-rank Adam step (MATH.md §3), written and checked once.
@@ -532,43 +520,83 @@ def _refresh_due(c: _Config, count):
   return now
 
 
-def _project(c: _Config, updates, state) -> Projected:
-  """:attr:`LowRankAdam.project`: ``c = project(Q, G + E)`` and ``E = A - unproject(Q, c)``."""
-  axes = _axes_of(c, updates)
-  bases = map_matrices(
-    lambda m, g, a: _strategy(c, g, a).dense(m.basis), state.moments, updates, axes
-  )
+class _Listed(NamedTuple):
+  """A step's matrices in leaf order, and their shape groups (:mod:`._shape_groups`)."""
 
-  def one(m, g, q, a):
-    s = _strategy(c, g, a)
-    fed = routing.to_matrix(g, a).astype(jnp.float32)
-    if c.step.error_feedback:
-      fed = fed + m.error.astype(jnp.float32)
-    coordinates = s.project(q, fed)
+  moments: list  # LowRankMoments per matrix.
+  leaves: list  # The updates' leaves.
+  axes: list  # Their MatrixAxes.
+  matrices: list  # Their (*batch, p, q) matrices.
+  groups: list[list[int]]  # Indices of the matrices stepped in one batched computation.
+
+  def stacked(self, items: list, group: list[int]):
+    """``items`` (one tree per matrix) of ``group`` along one leading axis; a group of
+    one leaf is that leaf's own item."""
+    if len(group) == 1:
+      return items[group[0]]
+    shapes = [self.matrices[i].shape[:-2] for i in group]
+    return shape_groups.stack([items[i] for i in group], shapes)
+
+  def unstacked(self, tree, group: list[int]) -> list:
+    """Inverse of :meth:`stacked`: one tree per matrix of ``group``."""
+    if len(group) == 1:
+      return [tree]
+    return shape_groups.unstack(tree, [self.matrices[i].shape[:-2] for i in group])
+
+
+def _listed_step(c: _Config, state, updates) -> _Listed:
+  """The matrices of ``updates``, grouped as :func:`._shape_groups.step_groups` says."""
+  axes = _listed(state.moments, _axes_of(c, updates))
+  leaves = _listed(state.moments, updates)
+  matrices = [routing.to_matrix(g, a) for g, a in zip(leaves, axes, strict=True)]
+  moments = _listed(state.moments, state.moments)
+  return _Listed(moments, leaves, axes, matrices, shape_groups.step_groups(matrices))
+
+
+class _GroupProjection(NamedTuple):
+  """:class:`Projected` of one shape group, stacked."""
+
+  coordinates: jax.Array
+  errors: jax.Array | None  # None without error feedback.
+  bases: Any
+
+
+def _projected_by_group(c: _Config, listed: _Listed) -> list[_GroupProjection]:
+  """``c = project(Q, G + E)`` and ``E = A - unproject(Q, c)``, one group at a time."""
+  projected = []
+  for group in listed.groups:
+    s = c.method.strategy(*listed.matrices[group[0]].shape[-2:])
+    q = s.dense(listed.stacked([m.basis for m in listed.moments], group))
+    fed = listed.stacked(listed.matrices, group).astype(jnp.float32)
     if not c.step.error_feedback:
-      return _Pair(coordinates, m.error)
-    return _Pair(coordinates, (fed - s.unproject(q, coordinates)).astype(m.error.dtype))
+      projected.append(_GroupProjection(s.project(q, fed), None, q))
+      continue
+    errors = listed.stacked([m.error for m in listed.moments], group)
+    fed = fed + errors.astype(jnp.float32)
+    coordinates = s.project(q, fed)
+    new_errors = (fed - s.unproject(q, coordinates)).astype(errors.dtype)
+    projected.append(_GroupProjection(coordinates, new_errors, q))
+  return projected
 
-  coordinates, errors = _unzip(map_matrices(one, state.moments, updates, bases, axes))
-  return Projected(coordinates, errors, bases)
 
-
-def _step(c: _Config, updates, state, projected: Projected):
-  """:attr:`LowRankAdam.step`: the moments and the direction from given coordinates."""
-  count = optax.safe_int32_increment(state.count)
-
-  def one(m, g, q, a, coordinates, error):
-    s = _strategy(c, g, a)
-    new_mu = c.step.b1 * m.mu + (1 - c.step.b1) * coordinates
-    new_nu = c.step.b2 * m.nu + (1 - c.step.b2) * coordinates**2
+def _stepped_by_group(c: _Config, listed: _Listed, count, projected: list[_GroupProjection]):
+  """The moments and the direction of every matrix from its group's coordinates."""
+  directions, moments = [None] * len(listed.leaves), [None] * len(listed.leaves)
+  for group, p in zip(listed.groups, projected, strict=True):
+    s = c.method.strategy(*listed.matrices[group[0]].shape[-2:])
+    mu = listed.stacked([m.mu for m in listed.moments], group)
+    nu = listed.stacked([m.nu for m in listed.moments], group)
+    new_mu = c.step.b1 * mu + (1 - c.step.b1) * p.coordinates
+    new_nu = c.step.b2 * nu + (1 - c.step.b2) * p.coordinates**2
     denominator = jnp.sqrt(new_nu / (1 - c.step.b2**count)) + c.step.eps
-    numerator = qh_momentum(coordinates, new_mu / (1 - c.step.b1**count), c.step.qh_nu)
+    numerator = qh_momentum(p.coordinates, new_mu / (1 - c.step.b1**count), c.step.qh_nu)
     if c.step.low_rank_term == "adam":
       numerator = numerator / denominator
-    low_rank_direction = s.unproject(q, numerator)
-    matrix = routing.to_matrix(g, a).astype(jnp.float32)
+    low_rank_direction = s.unproject(p.bases, numerator)
+    matrix = listed.stacked(listed.matrices, group).astype(jnp.float32)
     if c.step.full_rank_numerator == "error_fed":
-      matrix = matrix + m.error.astype(jnp.float32)
+      errors = listed.stacked([m.error for m in listed.moments], group)
+      matrix = matrix + errors.astype(jnp.float32)
     direction = quasi_hyperbolic_mix(
       matrix,
       low_rank_direction,
@@ -578,22 +606,75 @@ def _step(c: _Config, updates, state, projected: Projected):
       c.step.full_rank_scale,
       side=s.side,
     )
-    leaf = routing.from_matrix(direction, a, tuple(g.shape)).astype(g.dtype)
-    return _Pair(leaf, LowRankMoments(m.basis, new_mu, new_nu, error))
+    if p.errors is None:  # No error feedback: each matrix keeps its placeholder.
+      new_errors = [listed.moments[i].error for i in group]
+    else:
+      new_errors = listed.unstacked(p.errors, group)
+    unstacked = zip(
+      group,
+      listed.unstacked(direction, group),
+      listed.unstacked(new_mu, group),
+      listed.unstacked(new_nu, group),
+      new_errors,
+      strict=True,
+    )
+    for i, d, new_mu_i, new_nu_i, error in unstacked:
+      g, a = listed.leaves[i], listed.axes[i]
+      directions[i] = routing.from_matrix(d, a, tuple(g.shape)).astype(g.dtype)
+      moments[i] = LowRankMoments(listed.moments[i].basis, new_mu_i, new_nu_i, error)
+  return directions, moments
 
-  trees = (updates, projected.bases, _axes_of(c, updates), projected.coordinates, projected.errors)
-  directions, moments = _unzip(map_matrices(one, state.moments, *trees))
-  return directions, state._replace(count=count, moments=moments)
+
+def _stepped(c: _Config, state, listed: _Listed, projected: list[_GroupProjection]):
+  """The directions (a tree like the updates) and the state after the step."""
+  count = optax.safe_int32_increment(state.count)
+  directions, moments = _stepped_by_group(c, listed, count, projected)
+  moments = state._replace(count=count, moments=_unlisted(state.moments, moments))
+  return _unlisted(state.moments, directions), moments
+
+
+def _project(c: _Config, updates, state) -> Projected:
+  """:attr:`LowRankAdam.project`: ``c = project(Q, G + E)`` and ``E = A - unproject(Q, c)``."""
+  listed = _listed_step(c, state, updates)
+  n = len(listed.leaves)
+  coordinates, errors, bases = [None] * n, [None] * n, [None] * n
+  for group, p in zip(listed.groups, _projected_by_group(c, listed), strict=True):
+    coordinates_of = listed.unstacked(p.coordinates, group)
+    bases_of = listed.unstacked(p.bases, group)
+    errors_of = listed.unstacked(p.errors, group) if p.errors is not None else None
+    for k, i in enumerate(group):
+      coordinates[i], bases[i] = coordinates_of[k], bases_of[k]
+      errors[i] = listed.moments[i].error if errors_of is None else errors_of[k]
+  as_tree = functools.partial(_unlisted, state.moments)
+  return Projected(as_tree(coordinates), as_tree(errors), as_tree(bases))
+
+
+def _step(c: _Config, updates, state, projected: Projected):
+  """:attr:`LowRankAdam.step`: the moments and the direction from given coordinates."""
+  listed = _listed_step(c, state, updates)
+  coordinates = _listed(state.moments, projected.coordinates)
+  errors = _listed(state.moments, projected.errors)
+  bases = _listed(state.moments, projected.bases)
+  groups = [
+    _GroupProjection(
+      listed.stacked(coordinates, group),
+      listed.stacked(errors, group) if c.step.error_feedback else None,
+      listed.stacked(bases, group),
+    )
+    for group in listed.groups
+  ]
+  return _stepped(c, state, listed, groups)
 
 
 def _update(c: _Config, updates, state, params=None):
-  """Refresh when due, then project and step."""
+  """Refresh when due, then project and step, each shape group in one batched computation."""
   del params
   count = optax.safe_int32_increment(state.count)
   now = _refresh_due(c, count)
   if now is not None:
     state = jax.lax.cond(now, lambda: _refresh(c, state, updates, first=count == 1), lambda: state)
-  return _step(c, updates, state, _project(c, updates, state))
+  listed = _listed_step(c, state, updates)
+  return _stepped(c, state, listed, _projected_by_group(c, listed))
 
 
 def _integers(step: LowRankOptions) -> dict:
@@ -654,7 +735,9 @@ def scale_by_low_rank_adam(
   computes their bases, and carries their moments, in one batched computation; a leaf
   that is itself a stack of matrices (``matrix_axes`` with a ``batch`` axis, a scanned
   model's ``(layers, p, q)`` kernel) is projected and stepped batched, each matrix with
-  its own basis and moments.
+  its own basis and moments. On a GPU or TPU the local step stacks the matrices of one
+  shape and layout too (a few kernels per shape, not per matrix); on a CPU, where
+  stacking the gradients costs more than it saves, it steps one leaf at a time.
 
   The error buffer E exists only with ``error_feedback=True``. When the basis is
   refreshed, the moments are carried into the new one (``transport``, MATH.md §4.6):
