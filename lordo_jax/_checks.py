@@ -83,6 +83,16 @@ def one_of(who: str, name: str, value, accepted: tuple) -> None:
     raise ValueError(f"{who}: {name}={value!r} is not accepted; expected one of {choices}.")
 
 
+def static_phase(who: str, name: str, phase, phases: tuple, maker: str) -> None:
+  """``phase`` (of ``update(..., name=phase)``) is one of ``phases`` as a static value,
+  the kind ``maker`` computes on the host."""
+  if _is_array(phase) or phase not in phases:
+    expected = " or ".join(repr(p) for p in phases)
+    raise ValueError(
+      f"{who}: {name}={phase!r} is not a phase; expected a static {expected} from {maker}."
+    )
+
+
 def warn(message: str) -> None:
   """A ``UserWarning`` attributed to the user's line: the first caller outside this
   package and the libraries that call an optimizer (optax, JAX, Flax), so that a

@@ -685,11 +685,9 @@ def _integers(step: LowRankOptions) -> dict:
 
 def _basis_options(step: LowRankOptions) -> bases_lib.Options:
   """The basis options (``None``: the defaults of :class:`~lordo_jax.local.bases.Options`)."""
-  sketch = dict(oversample=step.oversample, power_iterations=step.power_iterations)
-  iterations = 2 if step.subspace_iterations is None else step.subspace_iterations
-  return bases_lib.Options(
-    step.rank, step.side, iterations, **{k: v for k, v in sketch.items() if v is not None}
-  )
+  names = ("subspace_iterations", "oversample", "power_iterations")
+  given = {name: getattr(step, name) for name in names if getattr(step, name) is not None}
+  return bases_lib.Options(step.rank, step.side, **given)
 
 
 @keywords.takes(STEP_KEYWORDS)

@@ -22,8 +22,8 @@ from lordo_jax.comm import _compression as compression_lib
 from lordo_jax.round import _moment_trees as moment_trees
 from lordo_jax.round import _offload as offload_lib
 from lordo_jax.round import _outer_step as outer_lib
-from lordo_jax.round import _periods as schedules
-from lordo_jax.round import _schedule as round_schedule
+from lordo_jax.round import _periods as periods
+from lordo_jax.round import _schedule as schedule
 
 WINDOW_MERGES = ("rebase", "streaming")  # overlap=tau < K, and "round" (tau = K)
 MERGES = ("eager", "delayed", *WINDOW_MERGES)  # overlap="round"
@@ -53,13 +53,13 @@ class Layout(NamedTuple):
   """How the message in flight sits in its buffers: one fragment at a time (streaming),
   each part's padded to the columns of its widest fragment."""
 
-  masks: list  # The fragments' leaves (round_schedule.fragment_masks); [None]: one.
+  masks: list  # The fragments' leaves (schedule.fragment_masks); [None]: one.
   columns: tuple  # Each part's columns, its widest fragment's.
 
 
 def layout(parts, like, inner_state) -> Layout:
   """The :class:`Layout` for params shaped like ``like`` and the inner state."""
-  masks = round_schedule.fragment_masks(like, parts.fragments)
+  masks = schedule.fragment_masks(like, parts.fragments)
   each = [chunks_lib.widths(_message(parts, like, inner_state, m), chunks(parts)) for m in masks]
   return Layout(masks, tuple(max(w) for w in zip(*each, strict=True)))
 
@@ -399,11 +399,8 @@ def check_phase(name: str, overlap: Any, phase: Any) -> None:
   """``update(..., overlap_phase=phase)``, checked against the optimizer's ``overlap``."""
   if phase is None:
     return
-  if isinstance(phase, jax.Array) or phase not in PHASES:
-    raise ValueError(
-      f"{name}: overlap_phase={phase!r} is not a phase; expected a static 'send' or "
-      "'local' from lordo_jax.overlap_phase(step, sync_every=..., overlap=...)."
-    )
+  maker = "lordo_jax.overlap_phase(step, sync_every=..., overlap=...)"
+  checks.static_phase(name, "overlap_phase", phase, PHASES, maker)
   if not overlap and phase == "send":
     raise ValueError(
       f"{name}: overlap_phase='send' was given, but this optimizer was built with "
@@ -442,7 +439,7 @@ def window_step(parts, grads, state, params, local_updates, count, phase=None):
     )
   state = state._replace(in_flight=in_flight_state, ledger=ledger)
   new_params = optax.apply_updates(params, local_updates)
-  offsets = schedules.fragment_offsets(k, len(lay.masks))
+  offsets = periods.fragment_offsets(k, len(lay.masks))
   for f, (fragment, offset) in enumerate(zip(lay.masks, offsets, strict=True)):
     land = functools.partial(
       land_window, parts, params=params, local_updates=local_updates, grads=grads, lay=lay, f=f
@@ -482,7 +479,7 @@ def window_positions(sync_every: int, fragments: int, tau: int) -> tuple[list, l
     sending (-1: none) and its chunk (0 where none sends).
   """
   senders, indices = [-1] * sync_every, [0] * sync_every
-  for f, offset in enumerate(schedules.fragment_offsets(sync_every, fragments)):
+  for f, offset in enumerate(periods.fragment_offsets(sync_every, fragments)):
     for j in range(tau):
       senders[(offset + 1 + j) % sync_every], indices[(offset + 1 + j) % sync_every] = f, j
   return senders, indices
@@ -491,7 +488,7 @@ def window_positions(sync_every: int, fragments: int, tau: int) -> tuple[list, l
 def check_spacing(name: str, sync_every: int, fragments: int, tau: int) -> None:
   """``overlap=tau`` with F fragments: tau below the fewest steps between two fragments'
   syncs, so that one fragment's message at a time is in flight (Streaming DiLoCo)."""
-  offsets = sorted(schedules.fragment_offsets(sync_every, fragments))
+  offsets = sorted(periods.fragment_offsets(sync_every, fragments))
   following = [*offsets[1:], offsets[0] + sync_every]
   spacing = min(b - a for a, b in zip(offsets, following, strict=True))
   if tau >= spacing:

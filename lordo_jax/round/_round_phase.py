@@ -13,12 +13,13 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from lordo_jax.round import _periods as schedules
+from lordo_jax import _checks as checks
+from lordo_jax.round import _periods as periods
 
 PHASES = ("local", "boundary")
 
 
-def round_phase(step: int, *, sync_every: schedules.SyncPeriod, fragments: int = 1) -> str:
+def round_phase(step: int, *, sync_every: periods.SyncPeriod, fragments: int = 1) -> str:
   """The phase of update number ``step`` of a method with rounds: pass it as
   ``update(..., round_phase=...)``, a static value.
 
@@ -57,8 +58,8 @@ def round_phase(step: int, *, sync_every: schedules.SyncPeriod, fragments: int =
   if t == 1:
     return "boundary"
   if callable(sync_every):
-    return "boundary" if t in schedules.sync_steps(sync_every, t) else "local"
-  offsets = schedules.fragment_offsets(sync_every, int(fragments))
+    return "boundary" if t in periods.sync_steps(sync_every, t) else "local"
+  offsets = periods.fragment_offsets(sync_every, int(fragments))
   return "boundary" if t % sync_every in offsets else "local"
 
 
@@ -66,11 +67,8 @@ def check(name: str, overlap: Any, phase: Any) -> None:
   """``update(..., round_phase=phase)``, checked against the optimizer's options."""
   if phase is None:
     return
-  if isinstance(phase, jax.Array) or phase not in PHASES:
-    raise ValueError(
-      f"{name}: round_phase={phase!r} is not a phase; expected a static 'local' or "
-      "'boundary' from lordo_jax.round_phase(step, sync_every=...)."
-    )
+  maker = "lordo_jax.round_phase(step, sync_every=...)"
+  checks.static_phase(name, "round_phase", phase, PHASES, maker)
   if overlap:
     raise ValueError(
       f"{name}: round_phase was given to an optimizer built with overlap={overlap!r}, "

@@ -10,7 +10,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from lordo_jax.round import _periods as schedules
+from lordo_jax.round import _periods as periods
 
 
 def fragment_masks(params: Any, fragments) -> list:
@@ -27,12 +27,12 @@ def fragment_masks(params: Any, fragments) -> list:
   """
   if not callable(fragments) and fragments == 1:
     return [None]
-  labels = schedules.fragment_labels(params, fragments)
+  labels = periods.fragment_labels(params, fragments)
   treedef = jax.tree.structure(params)
   return [treedef.unflatten([lab == f for lab in labels]) for f in range(max(labels) + 1)]
 
 
-def sync_predicates(sync_every: schedules.SyncPeriod, fragments: int, count, next_sync) -> list:
+def sync_predicates(sync_every: periods.SyncPeriod, fragments: int, count, next_sync) -> list:
   r"""Whether each fragment syncs at step ``count``: a bool scalar per fragment.
 
   A sync is decided per fragment of the parameters (one fragment, all of them, without
@@ -61,7 +61,7 @@ def sync_predicates(sync_every: schedules.SyncPeriod, fragments: int, count, nex
   if callable(sync_every):
     return [count == next_sync]
   return [
-    count % sync_every == offset for offset in schedules.fragment_offsets(sync_every, fragments)
+    count % sync_every == offset for offset in periods.fragment_offsets(sync_every, fragments)
   ]
 
 
@@ -72,7 +72,7 @@ def synced_now(params: Any, masks: list, predicates: list) -> Any:
   return jax.tree.map(lambda *keeps: predicates[keeps.index(True)], *masks)
 
 
-def next_sync(sync_every: schedules.SyncPeriod, count, current, ends_round):
+def next_sync(sync_every: periods.SyncPeriod, count, current, ends_round):
   r"""The step that ends the round after step ``count``.
 
   .. math::
@@ -82,4 +82,4 @@ def next_sync(sync_every: schedules.SyncPeriod, count, current, ends_round):
   with :math:`H(t)` the length of the round whose first update follows step t
   (:func:`lordo_jax.round._periods.round_length`).
   """
-  return jnp.where(ends_round, count + schedules.round_length(sync_every, count), current)
+  return jnp.where(ends_round, count + periods.round_length(sync_every, count), current)

@@ -30,9 +30,9 @@ from lordo_jax.round import _moment_trees as moment_trees
 from lordo_jax.round import _offload as offload_lib
 from lordo_jax.round import _outer_step as outer_lib
 from lordo_jax.round import _overlap as overlap_lib
-from lordo_jax.round import _periods as schedules
+from lordo_jax.round import _periods as periods
 from lordo_jax.round import _round_phase as round_phases
-from lordo_jax.round import _schedule as round_schedule
+from lordo_jax.round import _schedule as schedule
 from lordo_jax.round._faults import FaultCounts
 from lordo_jax.round._round_options import BASIC_KEYWORDS
 from lordo_jax.round._round_options import ROUND_KEYWORDS
@@ -61,7 +61,7 @@ class _Round(NamedTuple):
 
   inner: optax.GradientTransformationExtraArgs  # The local optimizer.
   outer: optax.GradientTransformation  # The outer optimizer, float32 state.
-  sync_every: schedules.SyncPeriod  # K, or a period function of the step.
+  sync_every: periods.SyncPeriod  # K, or a period function of the step.
   fragments: Any  # F, or a function of the params giving each leaf's fragment.
   averaging: averaging_lib.Averaging  # How messages are averaged; who is present.
   moment_groups: list  # [(period, fields)]: the moments averaged together.
@@ -89,7 +89,7 @@ def _check_options(name, sync_every, fragments, compression, fault_tolerant, mom
     second_moment_every=second,
   )
   fragments = 1 if fragments is None else fragments
-  schedules.warn_if_first_round_never_ends(sync_every, name)
+  periods.warn_if_first_round_never_ends(sync_every, name)
   if not callable(sync_every):
     checks.positive_int(name, "sync_every", sync_every)
   if compression is not None:
@@ -131,7 +131,7 @@ def _check_choices(name, projection_source, init_projection, offload):
 def synchronize(
   inner: optax.GradientTransformation,
   *,
-  sync_every: schedules.SyncPeriod,
+  sync_every: periods.SyncPeriod,
   axis_name: str | None = None,
   outer_optimizer: optax.GradientTransformation | None = None,
   first_moment_every: int | None = 1,
@@ -299,15 +299,13 @@ def _update(
   """One step of :func:`synchronize`: the local step, and the rounds that end now."""
   overlap_lib.check_phase(parts.name, parts.overlap, overlap_phase)
   round_phases.check(parts.name, parts.overlap, round_phase)
-  if parts.overlap:
-    return _update_in_flight(
-      parts, grads, state, params, worker_present, overlap_phase, **extra_args
-    )
-  averaging = parts.averaging
   _check_update(parts.name, params, parts.axis_name, parts.fault_tolerant, worker_present)
   if parts.offload:  # A state placed in device memory (device_put of init) moves now.
     state = offload_lib.placed(state, offload_lib.to_host)
   count = optax.safe_int32_increment(state.count)
+  if parts.overlap:
+    return _update_in_flight(parts, grads, state, params, count, overlap_phase, **extra_args)
+  averaging = parts.averaging
   if round_phase == "local":
     return _local_update(parts, grads, state, params, count, extra_args)
   present = jnp.asarray(worker_present, jnp.bool_)
@@ -323,8 +321,8 @@ def _update(
 
   local_updates, inner_state, faults = local_step()
   present = present & faults.round_ok  # A worker that failed a step this round is absent.
-  masks = round_schedule.fragment_masks(params, parts.fragments)
-  predicates = round_schedule.sync_predicates(parts.sync_every, len(masks), count, state.next_sync)
+  masks = schedule.fragment_masks(params, parts.fragments)
+  predicates = schedule.sync_predicates(parts.sync_every, len(masks), count, state.next_sync)
   new_state = state._replace(count=count, inner_state=inner_state, faults=faults)
   # The branch recomputes the local step (see _sync_fragment): an update carried
   # through a conditional is materialised and cannot fuse with apply_updates.
@@ -336,9 +334,9 @@ def _update(
   )
   # 6. Synchronised leaves land on the anchor, the others take their local step.
   updates = jax.tree.map(
-    _landing, round_schedule.synced_now(params, masks, predicates), anchor, params, local_updates
+    _landing, schedule.synced_now(params, masks, predicates), anchor, params, local_updates
   )
-  next_sync = round_schedule.next_sync(parts.sync_every, count, state.next_sync, predicates[-1])
+  next_sync = schedule.next_sync(parts.sync_every, count, state.next_sync, predicates[-1])
   return updates, new_state._replace(next_sync=next_sync)
 
 
@@ -346,8 +344,8 @@ def _local_update(parts: _Round, grads, state, params, count, extra_args):
   """A step compiled with ``round_phase="local"``: the local step alone, the anchor and
   the outer state passed through; NaN updates where a round ends or the first bases
   are due (:mod:`lordo_jax.round._round_phase`)."""
-  masks = round_schedule.fragment_masks(params, parts.fragments)
-  predicates = round_schedule.sync_predicates(parts.sync_every, len(masks), count, state.next_sync)
+  masks = schedule.fragment_masks(params, parts.fragments)
+  predicates = schedule.sync_predicates(parts.sync_every, len(masks), count, state.next_sync)
   first_step = parts.refresh.low_rank is not None and parts.refresh.init_projection == "gradient"
   updates, inner_state = parts.inner.update(grads, state.inner_state, params, **extra_args)
   updates, inner_state, faults = parts.averaging.guard_step(
@@ -388,7 +386,7 @@ def _landing(synced_now, anchor, params, local_updates):
 
 def _init(parts: _Round, params) -> SynchronizeState:
   """The state before step 1: the anchor is ``params``, nothing synced or sent."""
-  masks = round_schedule.fragment_masks(params, parts.fragments)
+  masks = schedule.fragment_masks(params, parts.fragments)
   state = SynchronizeState(
     count=jnp.zeros([], jnp.int32),
     inner_state=parts.inner.init(params),
@@ -397,7 +395,7 @@ def _init(parts: _Round, params) -> SynchronizeState:
     ledger=collectives.init_ledger(),
     faults=faults_lib.init_fault_counts(),
     syncs=jnp.zeros([len(masks)], jnp.int32),
-    next_sync=schedules.round_length(parts.sync_every, 0),
+    next_sync=periods.round_length(parts.sync_every, 0),
     residual=parts.averaging.init_residual(params),
   )
   if parts.overlap:  # The message's residual is per chunk, in the message in flight.
@@ -499,12 +497,8 @@ def _check_update(name, params, axis_name, fault_tolerant, worker_present):
     )
 
 
-def _update_in_flight(parts: _Round, grads, state, params, worker_present, phase, **extra_args):
-  """One step with a message in flight: a whole round's, or a window of tau steps."""
-  _check_update(parts.name, params, parts.axis_name, parts.fault_tolerant, worker_present)
-  if parts.offload:  # A state placed in device memory (device_put of init) moves now.
-    state = offload_lib.placed(state, offload_lib.to_host)
-  count = optax.safe_int32_increment(state.count)
+def _update_in_flight(parts: _Round, grads, state, params, count, phase, **extra_args):
+  """Step ``count`` with a message in flight: a whole round's, or a window of tau steps."""
   present = parts.averaging.admit(jnp.asarray(True), grads)
   inner_state, ledger = parts.refresh.before_first_step(
     count, grads, state.inner_state, state.ledger, present

@@ -13,7 +13,7 @@ import jax
 import numpy as np
 
 from lordo_jax.local import _low_rank_adam as low_rank_lib
-from lordo_jax.round import _periods as schedules
+from lordo_jax.round import _periods as periods
 from lordo_jax.round._faults import FaultCounts
 from lordo_jax.round._synchronize import SynchronizeState
 
@@ -95,7 +95,7 @@ def _round(state: SynchronizeState, sync_every, workers: int, mid_round: str | N
     )
   count = int(_shared(("count",), state.count, 1)[0])
   fragments = int(np.shape(state.syncs)[-1])
-  ended = count == 0 or schedules.sync_steps(sync_every, count)[-1:] == [count]
+  ended = count == 0 or periods.sync_steps(sync_every, count)[-1:] == [count]
   at_boundary = fragments == 1 and ended
   if not at_boundary and mid_round is None:
     where_in_round = (
@@ -136,7 +136,7 @@ def remap_workers(
   opt_state: Any,
   workers: int,
   *,
-  sync_every: schedules.SyncPeriod,
+  sync_every: periods.SyncPeriod,
   mid_round: str | None = None,
 ):
   r"""``(params, opt_state)`` stacked over M workers, remapped to ``workers`` (M').

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lordo_jax.round import _schedule as round_schedule
+from lordo_jax.round import _schedule as schedule
 
 pytestmark = pytest.mark.timeout(120, method="thread")
 
@@ -21,9 +21,7 @@ pytestmark = pytest.mark.timeout(120, method="thread")
 def predicate_table(sync_every, fragments: int, steps: int, next_sync=0) -> np.ndarray:
   """``sync_predicates`` at the steps 1..steps, as a (steps, F) bool array."""
   table = jax.jit(
-    jax.vmap(
-      lambda t: jnp.stack(round_schedule.sync_predicates(sync_every, fragments, t, next_sync))
-    )
+    jax.vmap(lambda t: jnp.stack(schedule.sync_predicates(sync_every, fragments, t, next_sync)))
   )
   return np.asarray(table(jnp.arange(1, steps + 1, dtype=jnp.int32)))
 
@@ -82,8 +80,8 @@ def run_schedule(sync_every, steps: int) -> list[int]:
 
   @jax.jit
   def step(count, current):
-    ends = round_schedule.sync_predicates(sync_every, 1, count, current)[-1]
-    return ends, round_schedule.next_sync(sync_every, count, current, ends)
+    ends = schedule.sync_predicates(sync_every, 1, count, current)[-1]
+    return ends, schedule.next_sync(sync_every, count, current, ends)
 
   if callable(sync_every):
     current = jnp.maximum(jnp.floor(jnp.asarray(period(jnp.int32(0)))).astype(jnp.int32), 1)
@@ -106,11 +104,11 @@ def test_period_function_rounds_end_where_the_enumeration_says():
 
 def test_next_sync_moves_on_only_when_the_round_ends():
   # Int K: n' = t + K at a round's end, else n.
-  assert int(round_schedule.next_sync(4, jnp.int32(8), jnp.int32(8), True)) == 12
-  assert int(round_schedule.next_sync(4, jnp.int32(7), jnp.int32(8), False)) == 8
+  assert int(schedule.next_sync(4, jnp.int32(8), jnp.int32(8), True)) == 12
+  assert int(schedule.next_sync(4, jnp.int32(7), jnp.int32(8), False)) == 8
   # Period function: n' = t + max(1, floor(H(t))), H taken at t (the next round's start).
-  assert int(round_schedule.next_sync(period, jnp.int32(9), jnp.int32(9), True)) == 9 + 3
-  assert int(round_schedule.next_sync(period, jnp.int32(5), jnp.int32(7), False)) == 7
+  assert int(schedule.next_sync(period, jnp.int32(9), jnp.int32(9), True)) == 9 + 3
+  assert int(schedule.next_sync(period, jnp.int32(5), jnp.int32(7), False)) == 7
   assert run_schedule(5, 23) == [5, 10, 15, 20]
 
 
@@ -128,16 +126,16 @@ PARAMS = {
 
 
 def test_fragment_masks_one_true_per_leaf_in_contiguous_groups():
-  assert round_schedule.fragment_masks(PARAMS, 1) == [None]
+  assert schedule.fragment_masks(PARAMS, 1) == [None]
   # Sizes 10, 3, 4, 2 in flattening order: the split with the smallest largest
   # fragment into two contiguous groups is {a} | {b, c, d} (10 against 9).
-  masks = round_schedule.fragment_masks(PARAMS, 2)
+  masks = schedule.fragment_masks(PARAMS, 2)
   assert masks == [
     {"a": True, "b": False, "c": False, "d": False},
     {"a": False, "b": True, "c": True, "d": True},
   ]
   for fragments in (3, 4):
-    masks = round_schedule.fragment_masks(PARAMS, fragments)
+    masks = schedule.fragment_masks(PARAMS, fragments)
     assert len(masks) == fragments
     table = np.array([jax.tree.leaves(m) for m in masks])  # (fragment, leaf)
     np.testing.assert_array_equal(table.sum(axis=0), [1] * 4)  # exactly one fragment per leaf
@@ -147,15 +145,15 @@ def test_fragment_masks_one_true_per_leaf_in_contiguous_groups():
 
 def test_fragment_masks_and_synced_now_follow_a_labelling_function():
   labels = {"a": 1, "b": 0, "c": 1, "d": 0}
-  masks = round_schedule.fragment_masks(PARAMS, lambda params: labels)
+  masks = schedule.fragment_masks(PARAMS, lambda params: labels)
   assert masks == [
     {"a": False, "b": True, "c": False, "d": True},
     {"a": True, "b": False, "c": True, "d": False},
   ]
   for predicates in ([False, True], [True, False]):
-    synced = round_schedule.synced_now(PARAMS, masks, [jnp.asarray(p) for p in predicates])
+    synced = schedule.synced_now(PARAMS, masks, [jnp.asarray(p) for p in predicates])
     assert {name: bool(x) for name, x in synced.items()} == {
       name: predicates[label] for name, label in labels.items()
     }
-  synced = round_schedule.synced_now(PARAMS, [None], [jnp.asarray(True)])
+  synced = schedule.synced_now(PARAMS, [None], [jnp.asarray(True)])
   assert all(bool(x) for x in jax.tree.leaves(synced))

@@ -15,7 +15,7 @@ import optax
 import pytest
 
 import lordo_jax
-from lordo_jax.round import _periods as schedules
+from lordo_jax.round import _periods as periods
 from tests.helpers import workers
 
 M = 2
@@ -50,9 +50,9 @@ def qsr_by_hand(step):
 
 def test_quadratic_sync_rule_follows_its_formula():
   rule = lordo_jax.quadratic_sync_rule(BASE, ALPHA, LEARNING_RATE)
-  periods = [int(rule(s)) for s in range(STEPS)]
-  assert periods == [qsr_by_hand(s) for s in range(STEPS)]
-  assert periods[0] == BASE and periods[-1] == 25  # it really grows
+  lengths = [int(rule(s)) for s in range(STEPS)]
+  assert lengths == [qsr_by_hand(s) for s in range(STEPS)]
+  assert lengths[0] == BASE and lengths[-1] == 25  # it really grows
   constant = lordo_jax.quadratic_sync_rule(4, 0.1, 0.01)  # a float rate works too
   assert int(constant(0)) == 100
 
@@ -125,14 +125,14 @@ def test_workers_agree_after_each_scheduled_sync():
 
 def test_fragment_labels_are_contiguous_and_balanced():
   params = {f"layer{i}": jnp.zeros((4 + i, 8)) for i in range(6)}
-  labels = schedules.fragment_labels(params, 3)
+  labels = periods.fragment_labels(params, 3)
   assert labels == sorted(labels) and set(labels) == {0, 1, 2}
   sizes = [0, 0, 0]
   for label, leaf in zip(labels, jax.tree.leaves(params), strict=True):
     sizes[label] += leaf.size
   assert sizes == [120, 120, 72]  # the best contiguous split: no group can be smaller
-  assert schedules.fragment_offsets(8, 4) == [2, 4, 6, 0]
-  assert schedules.fragment_offsets(5, 1) == [0]
+  assert periods.fragment_offsets(8, 4) == [2, 4, 6, 0]
+  assert periods.fragment_offsets(5, 1) == [0]
 
 
 @pytest.mark.parametrize(

@@ -71,7 +71,7 @@ def strategy(
   :math:`R = Q_\text{new}^\top Q_\text{old}` acts on coordinates as ``R c`` on the
   left and ``c R^T`` on the right.
 
-  ``init``, ``compute``, ``first``, ``dense`` and ``overlap`` are the method's own;
+  ``init``, ``compute``, ``exact``, ``dense`` and ``overlap`` are the method's own;
   the products with Q and the shapes follow from the side. With ``stored_split`` the
   stored ``n x r`` basis of a matrix split over a mesh axis (FSDP) is split over that
   axis too, and made whole only where it is used (``dense``, once a step, as FSDP
@@ -108,7 +108,7 @@ def strategy(
 def dense_method(options: strategy_lib.Options, compute, exact=None) -> strategy_lib.Method:
   """A :class:`~lordo_jax.local.bases.strategy.Method` whose basis is stored as its matrix Q.
 
-  ``compute(left)`` (and ``first(left)``, if the first basis differs) make the
+  ``compute(left)`` (and ``exact(left)``, if a run's first basis differs) make the
   side's ``(matrix, previous, key) -> (Q, ok)``.
   """
 
