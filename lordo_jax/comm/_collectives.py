@@ -241,7 +241,7 @@ def _compressed_mean_leaf(x, residual, axis_name, num_workers, codec):
     split_back = lambda a: None if a is None else group_layout.like(a, x)  # noqa: E731
     return split_back(mean), split_back(new_residual), sent
   target = x.astype(jnp.float32) if residual is None else x.astype(jnp.float32) + residual
-  rows, layout = compression.as_rows(target, num_workers)
+  rows, row_layout = compression.as_rows(target, num_workers)
   shard_rows = rows.shape[0] // num_workers
   values, scales = compression.encode(rows, codec)
   own_error = rows - compression.decode(values, scales)
@@ -267,7 +267,7 @@ def _compressed_mean_leaf(x, residual, axis_name, num_workers, codec):
   if shard_scales is not None:
     shard_scales, gathered_values = jax.lax.optimization_barrier((shard_scales, gathered_values))
   mean_rows = compression.decode(gathered_values, gather(shard_scales))
-  mean = compression.from_rows(mean_rows.reshape(rows.shape), layout).astype(x.dtype)
+  mean = compression.from_rows(mean_rows.reshape(rows.shape), row_layout).astype(x.dtype)
   sent = tuple(a for a in (values, scales) if a is not None)
   if residual is None:
     return mean, None, sent
@@ -275,7 +275,7 @@ def _compressed_mean_leaf(x, residual, axis_name, num_workers, codec):
   # owner feeds that error back, M times over, so that the next mean carries it.
   owner = jax.nn.one_hot(jax.lax.axis_index(axis_name), num_workers, dtype=jnp.float32)
   error = split(own_error) + num_workers * owner[:, None, None] * shard_error[None]
-  return mean, compression.from_rows(error.reshape(rows.shape), layout), sent
+  return mean, compression.from_rows(error.reshape(rows.shape), row_layout), sent
 
 
 def counted_mean(

@@ -178,7 +178,7 @@ def rotate_moments(strategy: bases_lib.BasisStrategy, mu, nu, new_basis, old_bas
   r"""LDAdam's moment transport into a new basis (MATH.md §4, step 6).
 
   .. math::
-    R = \mathrm{overlap}(Q_\text{new}, Q_\text{old}), \quad
+    R = \mathrm{change\_of\_basis}(Q_\text{new}, Q_\text{old}), \quad
     \hat m = \frac{u}{1 - \beta_1^t}, \quad \hat v = \frac{v}{1 - \beta_2^t}, \quad
     u' = R u, \quad
     v' = (1 - \beta_2^t)\,\bigl|(R \odot R) \max(\hat v - \hat m^2, 0)
@@ -187,7 +187,7 @@ def rotate_moments(strategy: bases_lib.BasisStrategy, mu, nu, new_basis, old_bas
   where "R applied" is the strategy's ``carry`` (``R x`` on the left, ``x R^T`` on
   the right, :math:`R_U x R_V^\top` two-sided); R is exactly 0/1 for two DCT bases.
   """
-  rotation = strategy.overlap(new_basis, old_basis)
+  rotation = strategy.change_of_basis(new_basis, old_basis)
   if strategy.side == "right":  # The left case of the transposes (the same products).
     transposed = jnp.matrix_transpose
     mu, nu = _rotated(lambda r, x: r @ x, rotation, transposed(mu), transposed(nu), count, b1, b2)
@@ -741,7 +741,7 @@ def scale_by_low_rank_adam(
   refreshed, the moments are carried into the new one (``transport``, MATH.md §4.6):
 
   * ``rotate`` (LDAdam): with the change of basis :math:`R = Q_\text{new}^\top
-    Q_\text{old}` (the strategy's ``overlap``; :math:`(R_U, R_V)` two-sided) acting
+    Q_\text{old}` (the strategy's ``change_of_basis``; :math:`(R_U, R_V)` two-sided) acting
     on coordinates as the strategy's ``carry`` (:math:`R u` on the left, :math:`u R^\top`
     on the right, :math:`R_U u R_V^\top` two-sided), :math:`u \leftarrow R u`, and the
     bias-corrected second moment becomes :math:`|(R \odot R)\,\mathrm{var} + (R \hat

@@ -26,10 +26,10 @@ __all__ = [
   "DCTBasis",
   "basis_matrix",
   "canonical_signs",
+  "change_of_basis",
   "compute_projection",
   "dct_columns",
   "exact_projection",
-  "overlap",
   "principal_angles",
   "random_basis",
 ]
@@ -124,14 +124,14 @@ def basis_matrix(basis: Basis) -> jax.Array:
   return basis
 
 
-def overlap(new: Basis, old: Basis) -> jax.Array:
+def change_of_basis(new: Basis, old: Basis) -> jax.Array:
   r"""The ``r x r`` matrix :math:`R = Q_\text{new}^\top Q_\text{old}` of two bases.
 
   For two DCT bases it is exactly the 0/1 matrix of equal frequencies, since the
   DCT-II columns are orthonormal.
   """
   if isinstance(new, DCTBasis) and isinstance(old, DCTBasis):
-    return dct.overlap(new, old)
+    return dct.change_of_basis(new, old)
   return basis_matrix(new).T @ basis_matrix(old)
 
 

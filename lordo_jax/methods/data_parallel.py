@@ -256,15 +256,15 @@ def low_rank_ddp(
     _check_projected(
       who, omega=options["omega"], compression=compression, error_feedback=options["error_feedback"]
     )
-  step, local = options_lib.low_rank_step(who, dict(options, rank=rank))
+  step_options, local_options = options_lib.low_rank_step(who, dict(options, rank=rank))
 
   def matrices_path(low_rank):
     """Projected: the coordinates averaged (``projected_mean``)."""
     return projected_mean.projected_mean(low_rank, axis_name) if projected else low_rank
 
-  _, local_step_ = local_step.low_rank_adamw(
-    step,
-    local,
+  _, local_optimizer = local_step.low_rank_adamw(
+    step_options,
+    local_options,
     learning_rate,
     who=who,
     init_projection="gradient",
@@ -272,13 +272,13 @@ def low_rank_ddp(
     matrices_path=matrices_path,
   )
   if not projected:
-    return optax.chain(average_gradients(axis_name, compression=compression), local_step_)
+    return optax.chain(average_gradients(axis_name, compression=compression), local_optimizer)
 
   # Only the leaves off the low-rank path are averaged in full here; projected_mean
   # averages the coordinates (and, on refresh steps, the gradient or its sketches).
   # The local step's partition checks the routing (and warns) once; this mask only reads it.
   def full_rank_mask(tree):
-    routed = routing.route(tree, local.low_rank_labels, rank)
+    routed = routing.route(tree, local_options.low_rank_labels, rank)
     return jax.tree.map(lambda axes: axes == routing.FULL_RANK, routed)
 
-  return optax.chain(optax.masked(average_gradients(axis_name), full_rank_mask), local_step_)
+  return optax.chain(optax.masked(average_gradients(axis_name), full_rank_mask), local_optimizer)

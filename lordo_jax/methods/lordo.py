@@ -106,20 +106,21 @@ def lordo(
     Communication <https://arxiv.org/abs/2602.04396>`_, ICML 2026.
   """
   who = "lordo"
-  step, local = options_lib.low_rank_step(who, with_projection(dict(options, rank=rank)))
+  keywords_given = with_projection(dict(options, rank=rank))
+  step_options, local_options = options_lib.low_rank_step(who, keywords_given)
   sync_moments_every = 1 if sync_moments_every is None else sync_moments_every
   checks.positive_int(who, "sync_moments_every", sync_moments_every)
   checks.one_of(who, "init_projection", init_projection, INIT_PROJECTIONS)
-  low_rank, local_step_ = local_step.low_rank_adamw(
-    step,
-    local,
+  low_rank, local_optimizer = local_step.low_rank_adamw(
+    step_options,
+    local_options,
     learning_rate,
     who=who,
     init_projection="random" if init_projection == "random" else "external",
     seed=seed,
   )
   return sync.synchronize(
-    local_step_,
+    local_optimizer,
     sync_every=sync_every,
     axis_name=axis_name,
     outer_optimizer=outer_optimizer,
@@ -127,7 +128,7 @@ def lordo(
     second_moment_every=sync_moments_every,
     low_rank=low_rank,
     init_projection="gradient" if init_projection == "gradient" else None,
-    moment_decays=(step.b1, step.b2),
+    moment_decays=(step_options.b1, step_options.b2),
     name=who,
     **options_lib.round_options(options),
   )
@@ -185,12 +186,13 @@ def lordo_local_projection(
     projection ablation).
   """
   who = "lordo_local_projection"
-  step, local = options_lib.low_rank_step(who, with_projection(dict(options, rank=rank)))
-  low_rank, local_step_ = local_step.low_rank_adamw(
-    step, local, learning_rate, who=who, init_projection="external"
+  keywords_given = with_projection(dict(options, rank=rank))
+  step_options, local_options = options_lib.low_rank_step(who, keywords_given)
+  low_rank, local_optimizer = local_step.low_rank_adamw(
+    step_options, local_options, learning_rate, who=who, init_projection="external"
   )
   return sync.synchronize(
-    local_step_,
+    local_optimizer,
     sync_every=sync_every,
     axis_name=axis_name,
     outer_optimizer=outer_optimizer,

@@ -49,7 +49,7 @@ def _message(parts, delta, inner_state, fragment=None) -> tuple:
   return (moment_trees.select(delta, fragment), moments)
 
 
-class Layout(NamedTuple):
+class MessageLayout(NamedTuple):
   """How the message in flight sits in its buffers: one fragment at a time (streaming),
   each part's padded to the columns of its widest fragment."""
 
@@ -57,11 +57,11 @@ class Layout(NamedTuple):
   columns: tuple  # Each part's columns, its widest fragment's.
 
 
-def layout(parts, like, inner_state) -> Layout:
-  """The :class:`Layout` for params shaped like ``like`` and the inner state."""
+def message_layout(parts, like, inner_state) -> MessageLayout:
+  """The :class:`MessageLayout` for params shaped like ``like`` and the inner state."""
   masks = schedule.fragment_masks(like, parts.fragments)
   each = [chunks_lib.widths(_message(parts, like, inner_state, m), chunks(parts)) for m in masks]
-  return Layout(masks, tuple(max(w) for w in zip(*each, strict=True)))
+  return MessageLayout(masks, tuple(max(w) for w in zip(*each, strict=True)))
 
 
 def _frozen(parts, delta, inner_state, lay, fragment=None, take=slice(None), dtypes=None):
@@ -101,7 +101,7 @@ def chunks(parts) -> int:
 def init(parts, params, inner_state) -> InFlight:
   """Nothing in flight before the first boundary: zeros (a mean of zero lands there).
   With compression the residual has the rows of every fragment's chunks."""
-  lay = layout(parts, params, inner_state)
+  lay = message_layout(parts, params, inner_state)
   if parts.overlap != "round":
     check_spacing(parts.name, parts.sync_every, len(lay.masks), parts.overlap)
   zeros = jax.tree.map(jnp.zeros_like, _frozen(parts, params, inner_state, lay, lay.masks[0]))
@@ -139,10 +139,10 @@ def send_chunk(parts, state, index, residual_row=None, sending=None):
   return flight._replace(means=write(flight.means, mean), residual=residual), ledger
 
 
-def state_layout(parts, state) -> Layout:
-  """The :class:`Layout` of ``state``'s message (its shapes only)."""
+def state_layout(parts, state) -> MessageLayout:
+  """The :class:`MessageLayout` of ``state``'s message (its shapes only)."""
   like = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, jnp.float32), state.anchor)
-  return layout(parts, like, state.inner_state)
+  return message_layout(parts, like, state.inner_state)
 
 
 def land(parts, state, params, local_updates, grads):

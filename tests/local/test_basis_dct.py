@@ -129,7 +129,7 @@ def test_the_overlap_of_two_dct_bases_is_exactly_the_0_1_matrix_of_equal_frequen
   new_indices, old_indices = [3, 17, 140, 299], [0, 3, 17, 250]  # R is not symmetric
   new = dct.DCTBasis(jnp.asarray(new_indices, jnp.int32), N)
   old = dct.DCTBasis(jnp.asarray(old_indices, jnp.int32), N)
-  rotation = np.asarray(s.overlap(new, old))
+  rotation = np.asarray(s.change_of_basis(new, old))
   want = np.zeros((RANK, RANK), np.float32)
   want[0, 1] = want[1, 2] = 1.0
   np.testing.assert_array_equal(rotation, want)

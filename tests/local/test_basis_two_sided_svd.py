@@ -91,7 +91,7 @@ def test_core_unproject_overlap_and_carry_are_numpys_products(p, q):
   assert back.shape == (p, q)
   np.testing.assert_allclose(back, u @ c @ v.T, **tol)
 
-  rotation = s.overlap(new, old)
+  rotation = s.change_of_basis(new, old)
   np.testing.assert_allclose(rotation.left, u.T @ u_old, **tol)
   np.testing.assert_allclose(rotation.right, v.T @ v_old, **tol)
 

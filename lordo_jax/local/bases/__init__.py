@@ -31,7 +31,7 @@ def method(projection: str, *, two_sided: bool, options: Options) -> Method:
   A method is a :class:`~lordo_jax.local.bases.strategy.Method` (the interface, in
   :mod:`lordo_jax.local.bases.strategy`): it makes each matrix's
   :class:`~lordo_jax.local.bases.strategy.BasisStrategy` (compute, project, unproject,
-  overlap and carry of one ``p x q`` matrix's basis, its side known). One-sided
+  change_of_basis and carry of one ``p x q`` matrix's basis, its side known). One-sided
   (Q is ``p x r`` on the left, ``q x r`` on the right,
   :mod:`lordo_jax.local.bases.one_sided`):
 

@@ -3,7 +3,7 @@ r"""DCT: the r frequencies of the orthonormal DCT-II basis that score highest.
 :func:`method` is the DCT :class:`~lordo_jax.local.bases.strategy.Method` (its
 docstring has the basis, the refresh and what they cost). A :class:`DCTBasis` stores
 only the r frequencies: :func:`dct_columns` forms their columns, :func:`scores` scores
-every frequency in a refresh, and :func:`overlap` is the change of basis.
+every frequency in a refresh, and :func:`change_of_basis` is the change of basis.
 """
 
 import dataclasses
@@ -113,7 +113,7 @@ def compute(rank: int, left: bool):
   return compute_fn
 
 
-def overlap(new: DCTBasis, old: DCTBasis) -> jax.Array:
+def change_of_basis(new: DCTBasis, old: DCTBasis) -> jax.Array:
   """The 0/1 matrix of equal frequencies: exactly :math:`B_\\text{new}^\\top B_\\text{old}`."""
   return (new.indices[..., :, None] == old.indices[..., None, :]).astype(jnp.float32)
 
@@ -137,9 +137,9 @@ def method(options: strategy_lib.Options) -> strategy_lib.Method:
     same table, so a refresh never holds the ``n x n`` basis (:func:`scores`; an FFT
     would be :math:`O(nq \log n)`, but inside the caller's sync branch it made XLA copy
     whole matrices on every local step);
-  * the overlap :math:`Q_\text{new}^\top Q_\text{old}` of two DCT bases is the 0/1
+  * the change of basis :math:`Q_\text{new}^\top Q_\text{old}` of two DCT bases is the 0/1
     matrix of equal frequencies (the columns are orthonormal), with no product
-    (:func:`overlap`).
+    (:func:`change_of_basis`).
   """
 
   def make(p: int, q: int) -> strategy_lib.BasisStrategy:
@@ -152,7 +152,7 @@ def method(options: strategy_lib.Options) -> strategy_lib.Method:
       init=init(p if left else q, options.rank),
       compute=compute(options.rank, left),
       dense=lambda basis: dct_columns(basis.indices, basis.size),
-      overlap=overlap,
+      change_of_basis=change_of_basis,
       stored_split=False,  # r indices: nothing worth splitting.
     )
 

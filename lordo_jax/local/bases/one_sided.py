@@ -53,7 +53,7 @@ def strategy(
   compute,
   exact=None,
   dense=layout.whole,
-  overlap=lambda new, old: jnp.matrix_transpose(layout.whole(new)) @ layout.whole(old),
+  change_of_basis=lambda new, old: jnp.matrix_transpose(layout.whole(new)) @ layout.whole(old),
   stored_split: bool = True,
 ) -> strategy_lib.BasisStrategy:
   r"""The one-sided :class:`~lordo_jax.local.bases.strategy.BasisStrategy` of a ``p x q`` matrix.
@@ -71,7 +71,7 @@ def strategy(
   :math:`R = Q_\text{new}^\top Q_\text{old}` acts on coordinates as ``R c`` on the
   left and ``c R^T`` on the right.
 
-  ``init``, ``compute``, ``exact``, ``dense`` and ``overlap`` are the method's own;
+  ``init``, ``compute``, ``exact``, ``dense`` and ``change_of_basis`` are the method's own;
   the products with Q and the shapes follow from the side. With ``stored_split`` the
   stored ``n x r`` basis of a matrix split over a mesh axis (FSDP) is split over that
   axis too, and made whole only where it is used (``dense``, once a step, as FSDP
@@ -94,7 +94,7 @@ def strategy(
     dense=dense,
     project=project,
     unproject=unproject,
-    overlap=overlap,
+    change_of_basis=change_of_basis,
     carry=carry,
     coordinates_shape=(rank, q) if left else (p, rank),
     side="left" if left else "right",

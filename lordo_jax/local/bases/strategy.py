@@ -32,7 +32,7 @@ class BasisStrategy(Protocol):
   .. math::
     c = \mathrm{project}(Q, A), \qquad A \approx \mathrm{unproject}(Q, c), \qquad
     (Q', \mathrm{ok}) = \mathrm{compute}(X, Q, \mathrm{key}), \qquad
-    R = \mathrm{overlap}(Q', Q)
+    R = \mathrm{change\_of\_basis}(Q', Q)
 
   and ``carry(R, c)`` applies the change of basis R to coordinates (``R c`` on the
   left, ``c R^T`` on the right, ``R_U c R_V^T`` two-sided), which is all the
@@ -75,7 +75,7 @@ class BasisStrategy(Protocol):
   def unproject(self, dense: Any, coordinates: jax.Array) -> jax.Array:
     """The ``p x q`` matrix of coordinates."""
 
-  def overlap(self, new: Basis, old: Basis) -> Any:
+  def change_of_basis(self, new: Basis, old: Basis) -> Any:
     """``R``, the change of basis from ``old`` to ``new``."""
 
   def carry(self, rotation: Any, coordinates: jax.Array) -> jax.Array:
@@ -97,7 +97,7 @@ class StrategyFunctions(NamedTuple):
   dense: Callable
   project: Callable
   unproject: Callable
-  overlap: Callable
+  change_of_basis: Callable
   carry: Callable
   coordinates_shape: tuple[int, int]
   side: str

@@ -3,7 +3,7 @@ r"""What every two-sided basis shares: U and V, and the ``r x r`` core between t
 :class:`TwoSidedBasis` holds U and V; :func:`strategy` makes the
 :class:`~lordo_jax.local.bases.strategy.BasisStrategy` of a ``p x q`` matrix (its
 docstring has the core and the change of bases) from :func:`project`,
-:func:`unproject`, :func:`overlap` and :func:`carry`.
+:func:`unproject`, :func:`change_of_basis` and :func:`carry`.
 """
 
 from typing import NamedTuple
@@ -32,7 +32,7 @@ def unproject(basis: TwoSidedBasis, core: jax.Array) -> jax.Array:
   return basis.left @ core @ jnp.matrix_transpose(basis.right)
 
 
-def overlap(new: TwoSidedBasis, old: TwoSidedBasis) -> TwoSidedBasis:
+def change_of_basis(new: TwoSidedBasis, old: TwoSidedBasis) -> TwoSidedBasis:
   """:math:`(R_U, R_V) = (U_\\text{new}^\\top U_\\text{old}, V_\\text{new}^\\top V_\\text{old})`."""
   transposed = jnp.matrix_transpose
   return TwoSidedBasis(transposed(new.left) @ old.left, transposed(new.right) @ old.right)
@@ -78,7 +78,7 @@ def strategy(p: int, q: int, rank: int, compute) -> strategy_lib.BasisStrategy:
     dense=lambda basis: basis,
     project=project,
     unproject=unproject,
-    overlap=overlap,
+    change_of_basis=change_of_basis,
     carry=carry,
     coordinates_shape=(rank, rank),
     side="left",
