@@ -31,21 +31,21 @@ class Averaging:
   def __init__(self, axis_name: str | None):
     self.axis_name = axis_name
 
-  def mean(self, tree: Any, present, ledger) -> tuple[Any, jax.Array, Any]:
+  def gradient_mean(self, tree: Any, present, ledger) -> tuple[Any, jax.Array, Any]:
     """The mean of a gradient-like ``tree``, the share φ of workers in it, the ledger."""
     del present  # every worker counts
     tree, ledger, _ = collectives.counted_mean(tree, ledger, self.axis_name)
     return tree, jnp.ones([], jnp.float32), ledger
 
   def moment_mean(self, tree: Any, present, ledger) -> tuple[Any, jax.Array, Any]:
-    """The mean of optimizer moments (as :meth:`mean`, unless the codec differs)."""
-    return self.mean(tree, present, ledger)
+    """The mean of optimizer moments (as :meth:`gradient_mean`, unless the codec differs)."""
+    return self.gradient_mean(tree, present, ledger)
 
   def pseudo_gradient_mean(self, delta, present, ledger, residual, fragment):
     """``(mean, fraction, ledger, residual)`` of the fragment's pseudo-gradient; the
     error-feedback ``residual`` passed on (none here)."""
     del fragment
-    return (*self.mean(delta, present, ledger), residual)
+    return (*self.gradient_mean(delta, present, ledger), residual)
 
   def init_residual(self, params: Any) -> Any:
     """The error-feedback state before step 1: ``()`` without feedback."""
@@ -71,7 +71,7 @@ class OfPresentWorkers(Averaging):
   more, the presence weight.
   """
 
-  def mean(self, tree, present, ledger):
+  def gradient_mean(self, tree, present, ledger):
     return collectives.counted_mean_of_present(tree, present, ledger, self.axis_name)
 
   def admit(self, present, tree):
@@ -100,7 +100,7 @@ class Compressed(Averaging):
     )
     return tree, jnp.ones([], jnp.float32), ledger
 
-  def mean(self, tree, present, ledger):
+  def gradient_mean(self, tree, present, ledger):
     del present
     return self._encoded_mean(tree, ledger, self.codec)
 

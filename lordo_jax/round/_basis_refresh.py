@@ -45,15 +45,15 @@ class BasisRefresh:
     init_projection: ``"gradient"``: the first basis from the first gradient, before
       step 1; ``None``: ``low_rank`` sets its own.
     source: one of :data:`SOURCES`.
-    mean: ``(tree, present, ledger) -> (mean, fraction, ledger)``, the round's
-      average of a gradient (:meth:`lordo_jax.round._averaging.Averaging.mean`).
+    gradient_mean: ``(tree, present, ledger) -> (mean, fraction, ledger)``, the round's
+      average of a gradient (:meth:`lordo_jax.round._averaging.Averaging.gradient_mean`).
   """
 
-  def __init__(self, low_rank, init_projection: str | None, source: str, mean: Callable):
+  def __init__(self, low_rank, init_projection: str | None, source: str, gradient_mean: Callable):
     self.low_rank = low_rank
     self.init_projection = init_projection
     self.source = source
-    self.mean = mean
+    self.gradient_mean = gradient_mean
 
   def before_first_step(self, count, grads, inner_state: Any, ledger, present):
     """``(inner_state, ledger)``: at step 1 (a ``lax.cond`` on ``count``, so later
@@ -77,7 +77,7 @@ class BasisRefresh:
     """
     matrices = moment_trees.low_rank_leaves(inner_state, grads)
     if self.source == "pseudo_gradient":
-      matrices, _, ledger = self.mean(matrices, present, ledger)
+      matrices, _, ledger = self.gradient_mean(matrices, present, ledger)
     state = moment_trees.low_rank_state(inner_state)
     refreshed = self.low_rank.refresh(state, matrices, first=True)
     return moment_trees.with_low_rank_state(inner_state, refreshed), ledger

@@ -265,7 +265,7 @@ def synchronize(
     averaging=averaging,
     moment_groups=moment_averaging.moment_groups(first_moment_every, second_moment_every),
     refresh=basis_refresh.BasisRefresh(
-      low_rank, init_projection, projection_source, averaging.mean
+      low_rank, init_projection, projection_source, averaging.gradient_mean
     ),
     axis_name=axis_name,
     offload=bool(r.offload),

@@ -45,7 +45,7 @@ def run_mean(strategy_mean, tree, present):
 EVERYONE = np.ones(M, bool)
 
 
-@pytest.mark.parametrize("field", ["mean", "moment_mean"])
+@pytest.mark.parametrize("field", ["gradient_mean", "moment_mean"])
 def test_plain_mean_is_the_numpy_mean_and_counts_the_tree(field):
   tree = per_worker(0)
   mean, fraction, ledger = run_mean(getattr(averaging.Averaging(AXIS), field), tree, EVERYONE)
@@ -58,7 +58,7 @@ def test_plain_mean_is_the_numpy_mean_and_counts_the_tree(field):
 
 def test_plain_mean_counts_bytes_in_the_dtype_sent():
   tree = {"w": per_worker(1)["w"].astype(jnp.bfloat16), "b": per_worker(1)["b"]}
-  _, _, ledger = run_mean(averaging.Averaging(AXIS).mean, tree, EVERYONE)
+  _, _, ledger = run_mean(averaging.Averaging(AXIS).gradient_mean, tree, EVERYONE)
   assert workers.ledger_numbers(ledger) == (23, 18 * 2 + 5 * 4, 1)
 
 
@@ -83,7 +83,7 @@ def test_present_workers_mean_leaves_out_the_absent_even_when_not_finite():
   tree["w"][1, 0, 0] = np.nan  # worker 1 is absent: its NaN must not reach the mean
   tree["b"][1] = np.inf
   present = np.array([True, False, True, True])
-  mean, fraction, ledger = run_mean(averaging.OfPresentWorkers(AXIS).mean, tree, present)
+  mean, fraction, ledger = run_mean(averaging.OfPresentWorkers(AXIS).gradient_mean, tree, present)
   for name in SHAPES:
     expected = tree[name][present].astype(np.float64).mean(axis=0)
     for m in range(M):
@@ -205,7 +205,7 @@ def test_compressed_residual_of_leaves_outside_the_fragment_waits():
 def test_compressed_plain_and_moment_means_codecs_and_ledgers(codec):
   strategy = averaging.Compressed(AXIS, codec)
   tree = per_worker(30)
-  mean, fraction, ledger = run_mean(strategy.mean, tree, EVERYONE)
+  mean, fraction, ledger = run_mean(strategy.gradient_mean, tree, EVERYONE)
   assert workers.ledger_numbers(ledger) == COMPRESSED_LEDGER[codec]
   np.testing.assert_array_equal(fraction, [1.0] * M)
   for name in SHAPES:
@@ -227,7 +227,7 @@ def test_choose_picks_the_strategy_of_the_options():
   }
   for (tolerant, codec), numbers in expected.items():
     strategy = averaging.choose(AXIS, fault_tolerant=tolerant, compression=codec)
-    _, _, ledger = run_mean(strategy.mean, tree, EVERYONE)
+    _, _, ledger = run_mean(strategy.gradient_mean, tree, EVERYONE)
     assert workers.ledger_numbers(ledger) == numbers, (tolerant, codec)
     residual = strategy.init_residual(first_worker(tree))
     assert (residual == ()) == (codec is None)
@@ -236,7 +236,7 @@ def test_choose_picks_the_strategy_of_the_options():
 def test_one_worker_means_are_the_identity_and_send_nothing():
   tree = first_worker(per_worker(50))
   for strategy in (averaging.Averaging(None), averaging.Compressed(None, "int8")):
-    mean, fraction, ledger = strategy.mean(tree, True, collectives.init_ledger())
+    mean, fraction, ledger = strategy.gradient_mean(tree, True, collectives.init_ledger())
     for name in SHAPES:
       np.testing.assert_array_equal(mean[name], tree[name])
     assert float(fraction) == 1.0

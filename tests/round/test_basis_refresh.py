@@ -27,7 +27,7 @@ M, RANK = 4, 2
 AXIS = workers.AXIS
 PARAMS = {"w": jnp.zeros((8, 4)), "v": jnp.zeros((6, 3))}  # 32 + 18 elements
 LOW_RANK = low_rank.scale_by_low_rank_adam(RANK, init_projection="external")
-PLAIN_MEAN = averaging.Averaging(AXIS).mean
+PLAIN_MEAN = averaging.Averaging(AXIS).gradient_mean
 
 
 def numpy_basis(matrix) -> np.ndarray:
