@@ -52,7 +52,7 @@ def fsdp_spec(shape: tuple[int, ...], f: int) -> P:
 
   For a low-rank matrix that is the dimension its moments keep (``r x m``, m the
   smaller side), so its moments split with it, and its ``n x r`` basis splits over
-  the same axis along n (``lordo_jax.local.bases.layout.split_rows``): every leaf shrinks.
+  the same axis along n (``lordo_jax._sharded.split_rows``): every leaf shrinks.
   """
   if f == 1:
     return P()

@@ -13,8 +13,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from lordo_jax import _sharded as sharded
 from lordo_jax.comm import _collectives as collectives
-from lordo_jax.local.bases import layout
 
 
 def chunk_size(tree: Any, chunks: int) -> int:
@@ -43,7 +43,7 @@ def _rows(tree: Any, chunks: int, width: int, dtype) -> jax.Array:
   """One tree as a ``chunks x width`` block of ``dtype``: its ``chunks x chunk_size``
   rows, zero-padded, and zero columns up to ``width``; a leaf split over ``Explicit``
   axes inside the worker is made whole there first (the group's fast links)."""
-  flat = [jnp.ravel(layout.whole(x)).astype(dtype) for x in jax.tree.leaves(tree)]
+  flat = [jnp.ravel(sharded.whole(x)).astype(dtype) for x in jax.tree.leaves(tree)]
   size = chunk_size(tree, chunks)
   buffer = jnp.concatenate([*flat, jnp.zeros((0,), dtype)])
   rows = jnp.pad(buffer, (0, chunks * size - buffer.shape[0])).reshape(chunks, size)
@@ -89,15 +89,15 @@ def _split_columns(buffer: jax.Array, leaves: list) -> jax.Array:
   inside the worker (FSDP, TP), where they divide evenly: the message in flight takes
   1/F of a device's memory, as its parameters do, and each device sends its columns of
   a chunk. Whole otherwise."""
-  sharded = [x for x in leaves if isinstance(x, jax.Array) and layout.is_sharded(x)]
-  if not sharded:
+  split_leaves = [x for x in leaves if isinstance(x, jax.Array) and sharded.is_sharded(x)]
+  if not split_leaves:
     return buffer
-  mesh = jax.typeof(sharded[0]).sharding.mesh
-  used = {a for x in sharded for axes in layout.spec_of(x) if axes for a in _names(axes)}
+  mesh = jax.typeof(split_leaves[0]).sharding.mesh
+  used = {a for x in split_leaves for axes in sharded.spec_of(x) if axes for a in _names(axes)}
   names = tuple(a for a in mesh.axis_names if a in used)
   if buffer.shape[1] % math.prod(mesh.shape[a] for a in names):
     return buffer
-  return layout.place(buffer, (None, names), sharded[0])
+  return sharded.place(buffer, (None, names), split_leaves[0])
 
 
 def _names(axes) -> tuple:
@@ -112,7 +112,7 @@ def _thaw_one(block: jax.Array | None, like: Any) -> Any:
   for x in leaves:
     n = math.prod(x.shape)
     value = block[start : start + n].reshape(x.shape).astype(x.dtype)
-    out.append(layout.like(value, x) if isinstance(x, jax.Array) else value)
+    out.append(sharded.like(value, x) if isinstance(x, jax.Array) else value)
     start += n
   return jax.tree.unflatten(treedef, out)
 
@@ -121,7 +121,7 @@ def thaw(buffers: tuple, likes: tuple) -> tuple:
   """The inverse of :func:`freeze`: trees shaped, typed and split like ``likes``, one
   per buffer (a part's leaves are its buffer's first columns, whatever its width)."""
   return tuple(
-    _thaw_one(None if b is None else layout.whole(b), like)
+    _thaw_one(None if b is None else sharded.whole(b), like)
     for b, like in zip(buffers, likes, strict=True)
   )
 

@@ -14,8 +14,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lordo_jax.comm import _compression as compression
-from lordo_jax.local.bases import layout as group_layout
+from lordo_jax import _sharded as sharded
+from lordo_jax.comm import _compression as compression_lib
 
 _LIMB_BITS = 20
 _LIMB = 1 << _LIMB_BITS
@@ -229,22 +229,22 @@ def _compressed_mean_leaf(x, residual, axis_name, num_workers, codec):
   """One leaf's compressed mean: ``(mean, new_residual, sent)``; see :func:`counted_mean`.
 
   A leaf split over ``Explicit`` mesh axes inside the worker (FSDP) is made whole
-  there first (:func:`lordo_jax.local.bases.layout.whole`, over the group's fast links; the
+  there first (:func:`lordo_jax._sharded.whole`, over the group's fast links; the
   message between workers is the same), and the mean and residual are split back like
   ``x``.
   """
-  if group_layout.is_sharded(x):
+  if sharded.is_sharded(x):
     mean, new_residual, sent = _compressed_mean_leaf(
-      group_layout.whole(x), None if residual is None else group_layout.whole(residual), axis_name,
+      sharded.whole(x), None if residual is None else sharded.whole(residual), axis_name,
       num_workers, codec,
     )  # fmt: skip
-    split_back = lambda a: None if a is None else group_layout.like(a, x)  # noqa: E731
+    split_back = lambda a: None if a is None else sharded.like(a, x)  # noqa: E731
     return split_back(mean), split_back(new_residual), sent
   target = x.astype(jnp.float32) if residual is None else x.astype(jnp.float32) + residual
-  rows, row_layout = compression.as_rows(target, num_workers)
+  rows, row_layout = compression_lib.as_rows(target, num_workers)
   shard_rows = rows.shape[0] // num_workers
-  values, scales = compression.encode(rows, codec)
-  own_error = rows - compression.decode(values, scales)
+  values, scales = compression_lib.encode(rows, codec)
+  own_error = rows - compression_lib.decode(values, scales)
 
   def split(a):
     return None if a is None else a.reshape(num_workers, shard_rows, *a.shape[1:])
@@ -255,10 +255,10 @@ def _compressed_mean_leaf(x, residual, axis_name, num_workers, codec):
   received_values = scatter(values)
   if scales is not None:  # After the values: one collective at a time (see counted_mean).
     scales, received_values = jax.lax.optimization_barrier((scales, received_values))
-  received = compression.decode(received_values, scatter(scales))
+  received = compression_lib.decode(received_values, scatter(scales))
   shard = jnp.mean(received, axis=0)
-  shard_values, shard_scales = compression.encode(shard, codec)
-  shard_error = shard - compression.decode(shard_values, shard_scales)
+  shard_values, shard_scales = compression_lib.encode(shard, codec)
+  shard_error = shard - compression_lib.decode(shard_values, shard_scales)
 
   def gather(a):
     return None if a is None else jax.lax.all_gather(a, axis_name)
@@ -266,8 +266,8 @@ def _compressed_mean_leaf(x, residual, axis_name, num_workers, codec):
   gathered_values = gather(shard_values)
   if shard_scales is not None:
     shard_scales, gathered_values = jax.lax.optimization_barrier((shard_scales, gathered_values))
-  mean_rows = compression.decode(gathered_values, gather(shard_scales))
-  mean = compression.from_rows(mean_rows.reshape(rows.shape), row_layout).astype(x.dtype)
+  mean_rows = compression_lib.decode(gathered_values, gather(shard_scales))
+  mean = compression_lib.from_rows(mean_rows.reshape(rows.shape), row_layout).astype(x.dtype)
   sent = tuple(a for a in (values, scales) if a is not None)
   if residual is None:
     return mean, None, sent
@@ -275,7 +275,7 @@ def _compressed_mean_leaf(x, residual, axis_name, num_workers, codec):
   # owner feeds that error back, M times over, so that the next mean carries it.
   owner = jax.nn.one_hot(jax.lax.axis_index(axis_name), num_workers, dtype=jnp.float32)
   error = split(own_error) + num_workers * owner[:, None, None] * shard_error[None]
-  return mean, compression.from_rows(error.reshape(rows.shape), row_layout), sent
+  return mean, compression_lib.from_rows(error.reshape(rows.shape), row_layout), sent
 
 
 def counted_mean(

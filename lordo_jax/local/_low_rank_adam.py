@@ -21,6 +21,7 @@ import optax
 
 from lordo_jax import _checks as checks
 from lordo_jax import _keywords as keywords
+from lordo_jax import _sharded as sharded
 from lordo_jax import _tree_structure as state_structure
 from lordo_jax.local import _routing as routing
 from lordo_jax.local import _shape_groups as shape_groups
@@ -28,7 +29,6 @@ from lordo_jax.local import bases as bases_lib
 from lordo_jax.local._quasi_hyperbolic import FULL_RANK_SCALES
 from lordo_jax.local._quasi_hyperbolic import qh_momentum
 from lordo_jax.local._quasi_hyperbolic import quasi_hyperbolic_mix
-from lordo_jax.local.bases import layout
 
 TRANSPORTS = ("rotate", "keep", "reset")
 SIDES = ("auto", "left", "right", "galore_std")
@@ -366,7 +366,7 @@ def _matrix_spec(x, axes) -> tuple:
   of the leaf in order (after its batch axes); a reshaped leaf's matrix is taken as whole."""
   batch = len(axes.batch_axes(x.ndim))
   if x.ndim == batch + 2 and axes.normalized(x.ndim) == ((batch,), (batch + 1,)):
-    return layout.spec_of(x)[batch:]
+    return sharded.spec_of(x)[batch:]
   return (None, None)
 
 
@@ -395,14 +395,14 @@ def _init_leaf(c: _Config, x, axes, key) -> LowRankMoments:
   spec = _matrix_spec(x, axes)
   basis = _init_basis(s, key if c.init_projection == "random" else None, batch)
   basis_spec = s.basis_spec(x) if x.ndim == 2 and spec != (None, None) else None
-  basis = jax.tree.map(lambda b: layout.place(b, basis_spec, x), basis)
+  basis = jax.tree.map(lambda b: sharded.place(b, basis_spec, x), basis)
   unsplit = (None,) * len(batch)
   shape, coordinates_spec = batch + s.coordinates_shape, unsplit + s.coordinates_spec(spec)
-  mu = layout.zeros(shape, jnp.float32, coordinates_spec, x)
-  nu = layout.zeros(shape, jnp.float32, coordinates_spec, x)
+  mu = sharded.zeros(shape, jnp.float32, coordinates_spec, x)
+  nu = sharded.zeros(shape, jnp.float32, coordinates_spec, x)
   if c.step.error_feedback:
     shape = batch + routing.matrix_shape(x.shape, axes)
-    error = layout.zeros(shape, jnp.dtype(c.step.error_feedback_dtype), unsplit + spec, x)
+    error = sharded.zeros(shape, jnp.dtype(c.step.error_feedback_dtype), unsplit + spec, x)
   else:
     error = jnp.zeros((0,), jnp.float32)
   return LowRankMoments(basis, mu, nu, error)

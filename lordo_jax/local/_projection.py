@@ -8,7 +8,7 @@ file per method): :func:`compute_projection` (whose docstring has the mathematic
 import jax
 import jax.numpy as jnp
 
-from lordo_jax.local import bases as bases
+from lordo_jax.local import bases as bases_lib
 from lordo_jax.local.bases import dct
 from lordo_jax.local.bases.dct import DCTBasis
 from lordo_jax.local.bases.dct import dct_columns
@@ -39,8 +39,8 @@ def _strategy(shape, method: str, rank: int, iterations: int = 2, side: str = "l
   """The one-sided strategy of ``method`` for a matrix of ``shape``, on ``side``."""
   if method not in METHODS:
     raise ValueError(f"projection={method!r} is not one of {METHODS}.")
-  options = bases.Options(rank, side, iterations)
-  return bases.method(method, two_sided=False, options=options).strategy(*shape)
+  options = bases_lib.Options(rank, side, iterations)
+  return bases_lib.method(method, two_sided=False, options=options).strategy(*shape)
 
 
 def compute_projection(

@@ -12,14 +12,14 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from lordo_jax.local.bases import layout
+from lordo_jax import _sharded as sharded
 
 
 def _key(index: int, matrix: jax.Array) -> tuple:
   """What must agree for two matrices to share a batch: their ``p x q`` shape, dtype and
   split; a matrix whose batch axes are split over a mesh axis stays alone (stacking it
   would move it across devices)."""
-  spec = layout.spec_of(matrix)
+  spec = sharded.spec_of(matrix)
   alone = index if any(axes is not None for axes in spec[:-2]) else None
   return matrix.shape[-2:], jnp.dtype(matrix.dtype).name, spec[-2:], alone
 

@@ -9,12 +9,12 @@ The function-level face of the two-sided bases of :mod:`lordo_jax.local.bases`
 
 import jax
 
-from lordo_jax.local import bases as bases
+from lordo_jax.local import bases as bases_lib
 from lordo_jax.local.bases.randomized_svd import randomized_bases
 from lordo_jax.local.bases.two_sided import TwoSidedBasis
 from lordo_jax.local.bases.two_sided_svd import top_singular_vectors as svd_basis
 
-METHODS = tuple(bases.TWO_SIDED)
+METHODS = tuple(bases_lib.TWO_SIDED)
 
 __all__ = [
   "METHODS",
@@ -26,9 +26,9 @@ __all__ = [
 ]
 
 
-def _strategy(p: int, q: int, method: str, rank: int, **sketch) -> bases.BasisStrategy:
-  options = bases.Options(rank, **sketch)
-  return bases.method(method, two_sided=True, options=options).strategy(p, q)
+def _strategy(p: int, q: int, method: str, rank: int, **sketch) -> bases_lib.BasisStrategy:
+  options = bases_lib.Options(rank, **sketch)
+  return bases_lib.method(method, two_sided=True, options=options).strategy(p, q)
 
 
 def random_basis(key: jax.Array, p: int, q: int, rank: int) -> TwoSidedBasis:

@@ -15,7 +15,7 @@ from lordo_jax.local import _low_rank_adam as low_rank_lib
 from lordo_jax.local import _precision as precision
 from lordo_jax.local import _quasi_hyperbolic as quasi_hyperbolic
 from lordo_jax.local import _routing as routing
-from lordo_jax.methods import options
+from lordo_jax.methods import options as options_lib
 
 
 def _decoupled(direction, learning_rate, weight_decay) -> optax.GradientTransformation:
@@ -60,7 +60,7 @@ def full_rank_adam(b1, b2, eps, qh_nu=1.0) -> optax.GradientTransformation:
 
 def low_rank_adamw(
   step: low_rank_lib.LowRankOptions,
-  local: options.LocalOptions,
+  local: options_lib.LocalOptions,
   learning_rate: optax.ScalarOrSchedule,
   *,
   init_projection: str,

@@ -14,7 +14,7 @@ from lordo_jax import _checks as checks
 from lordo_jax import _keywords as keywords
 from lordo_jax.methods import local_step
 from lordo_jax.methods import options as options_lib
-from lordo_jax.round import _synchronize as sync
+from lordo_jax.round import _synchronize as sync_lib
 
 
 @keywords.takes(options_lib.basics("sync_every", "axis_name"), options_lib.ADAM, options_lib.ROUND)
@@ -59,7 +59,7 @@ def local_adam(
   """
   who = "local_adam"
   adam, round_options = _split(who, options)
-  return sync.synchronize(
+  return sync_lib.synchronize(
     local_step.adamw(learning_rate, **adam),
     moment_decays=(adam["b1"], adam["b2"]),
     sync_every=sync_every,
@@ -142,7 +142,7 @@ def desloc(
     first_moment_every = 3 * sync_every
   if second_moment_every is None:
     second_moment_every = 6 * sync_every
-  return sync.synchronize(
+  return sync_lib.synchronize(
     local_step.adamw(learning_rate, **adam),
     moment_decays=(adam["b1"], adam["b2"]),
     sync_every=sync_every,
@@ -209,7 +209,7 @@ def diloco(
   checks.one_of(who, "nesterov", nesterov, (True, False))
   adam, round_options = _split(who, options)
   outer = optax.sgd(outer_learning_rate, momentum=outer_momentum, nesterov=nesterov)
-  return sync.synchronize(
+  return sync_lib.synchronize(
     local_step.adamw(learning_rate, **adam),
     moment_decays=(adam["b1"], adam["b2"]),
     sync_every=sync_every,

@@ -13,7 +13,7 @@ from lordo_jax import _checks as checks
 from lordo_jax import _keywords as keywords
 from lordo_jax.methods import local_step
 from lordo_jax.methods import options as options_lib
-from lordo_jax.round import _synchronize as sync
+from lordo_jax.round import _synchronize as sync_lib
 
 INIT_PROJECTIONS = ("gradient", "random")
 # LoRDO's basis refresh: warm-started subspace iteration, batched over each shape's
@@ -119,7 +119,7 @@ def lordo(
     init_projection="random" if init_projection == "random" else "external",
     seed=seed,
   )
-  return sync.synchronize(
+  return sync_lib.synchronize(
     local_optimizer,
     sync_every=sync_every,
     axis_name=axis_name,
@@ -191,7 +191,7 @@ def lordo_local_projection(
   low_rank, local_optimizer = local_step.low_rank_adamw(
     step_options, local_options, learning_rate, who=who, init_projection="external"
   )
-  return sync.synchronize(
+  return sync_lib.synchronize(
     local_optimizer,
     sync_every=sync_every,
     axis_name=axis_name,

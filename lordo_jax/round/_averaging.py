@@ -12,10 +12,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from lordo_jax import _sharded as sharded
 from lordo_jax.comm import _collectives as collectives
 from lordo_jax.comm import _compression as compression_lib
-from lordo_jax.local.bases import layout
-from lordo_jax.round import _faults as faults
+from lordo_jax.round import _faults as faults_lib
 from lordo_jax.round import _moment_trees as moment_trees
 
 
@@ -59,7 +59,7 @@ class Averaging:
 
   def guard_step(self, grads, updates, inner_state, before, counts):
     """The local step as kept: ``(updates, inner_state, counts)``, unchanged here."""
-    return faults.keep_every_step(grads, updates, inner_state, before, counts)
+    return faults_lib.keep_every_step(grads, updates, inner_state, before, counts)
 
 
 class OfPresentWorkers(Averaging):
@@ -75,10 +75,10 @@ class OfPresentWorkers(Averaging):
     return collectives.counted_mean_of_present(tree, present, ledger, self.axis_name)
 
   def admit(self, present, tree):
-    return present & faults.all_finite(tree)
+    return present & faults_lib.all_finite(tree)
 
   def guard_step(self, grads, updates, inner_state, before, counts):
-    return faults.skip_non_finite_step(grads, updates, inner_state, before, counts)
+    return faults_lib.skip_non_finite_step(grads, updates, inner_state, before, counts)
 
 
 class Compressed(Averaging):
@@ -118,7 +118,8 @@ class Compressed(Averaging):
 
   def init_residual(self, params):
     # Split like its parameter (Explicit mesh axes inside a worker), as the anchor is.
-    return jax.tree.map(lambda x: layout.zeros(x.shape, jnp.float32, layout.spec_of(x), x), params)
+    zeros_like = lambda x: sharded.zeros(x.shape, jnp.float32, sharded.spec_of(x), x)  # noqa: E731
+    return jax.tree.map(zeros_like, params)
 
 
 def choose(axis_name: str | None, *, fault_tolerant: bool, compression: str | None) -> Averaging:

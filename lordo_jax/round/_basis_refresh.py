@@ -11,7 +11,7 @@ from typing import Any
 
 import jax
 
-from lordo_jax.round import _averaging as averaging
+from lordo_jax.round import _averaging as averaging_lib
 from lordo_jax.round import _moment_trees as moment_trees
 
 SOURCES = ("pseudo_gradient", "local_gradient")
@@ -102,4 +102,4 @@ class BasisRefresh:
     # The matrices outside the fragment are masked: they keep their bases and moments.
     refreshed = self.low_rank.refresh(state, moment_trees.select(source, fragment))
     refreshed = moment_trees.with_low_rank_state(inner_state, refreshed)
-    return averaging.unless_empty(fraction, refreshed, inner_state)
+    return averaging_lib.unless_empty(fraction, refreshed, inner_state)

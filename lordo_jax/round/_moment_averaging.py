@@ -10,7 +10,7 @@ from typing import Any
 
 import jax
 
-from lordo_jax.round import _averaging as averaging
+from lordo_jax.round import _averaging as averaging_lib
 from lordo_jax.round import _moment_trees as moment_trees
 
 
@@ -58,7 +58,7 @@ def average_moments(inner_state, ledger, fields, present, fragment, mean: Callab
   moments = {f: moment_trees.moment_tree(inner_state, f, fragment) for f in fields}
   averaged, fraction, ledger = mean(moments, present, ledger)
   for f in fields:
-    kept = averaging.unless_empty(fraction, averaged[f], moments[f])
+    kept = averaging_lib.unless_empty(fraction, averaged[f], moments[f])
     inner_state = moment_trees.with_moments(inner_state, f, kept)
   return inner_state, ledger
 

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import optax
 
 from lordo_jax.local import _precision as precision
-from lordo_jax.round import _averaging as averaging
+from lordo_jax.round import _averaging as averaging_lib
 from lordo_jax.round import _moment_trees as moment_trees
 
 
@@ -80,6 +80,6 @@ def outer_step(outer, fragment, anchor, delta, outer_state, fraction):
     anchor, moment_trees.select(optax.apply_updates(anchor, outer_updates), fragment)
   )
   return (
-    averaging.unless_empty(fraction, synced, anchor),
-    averaging.unless_empty(fraction, new_outer_state, outer_state),
+    averaging_lib.unless_empty(fraction, synced, anchor),
+    averaging_lib.unless_empty(fraction, new_outer_state, outer_state),
   )

@@ -15,10 +15,10 @@ import optax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec
 
+from lordo_jax import _sharded as sharded
 from lordo_jax.comm import _collectives as collectives
 from lordo_jax.local import _low_rank_adam as low_rank_lib
 from lordo_jax.local import _projection as projection_lib
-from lordo_jax.local.bases import layout
 from lordo_jax.local.bases.two_sided import TwoSidedBasis
 from lordo_jax.round import _offload as offload_lib
 from lordo_jax.round import _synchronize as sync_lib
@@ -162,7 +162,7 @@ def projections(state: Any) -> Any:
       for _ in range(basis.indices.ndim - 1):
         columns = jax.vmap(columns)
       indices = basis.indices
-      if layout.is_sharded(indices):  # Stacked over an Explicit worker axis: read whole.
+      if sharded.is_sharded(indices):  # Stacked over an Explicit worker axis: read whole.
         whole = NamedSharding(jax.typeof(indices).sharding.mesh, PartitionSpec())
         indices = jax.sharding.reshard(indices, whole)
       return columns(indices)

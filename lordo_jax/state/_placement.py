@@ -1,7 +1,7 @@
 r"""Where a fresh optimizer state goes: the shardings ``tx.init`` gives, for any mesh.
 
 Inside ``jax.shard_map`` on a mesh with ``Explicit`` axes, ``tx.init`` of a sharded
-parameter already gives state sharded like it (:mod:`lordo_jax.local.bases.layout`): the
+parameter already gives state sharded like it (:mod:`lordo_jax._sharded`): the
 anchor, error buffers, residual and full-rank moments split as the parameter is, the
 low-rank moments along the matrix's dimension they keep, the bases and scalars whole.
 With ``Auto`` axes, or a state made outside the step, :func:`state_sharding` computes

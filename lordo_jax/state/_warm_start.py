@@ -12,18 +12,18 @@ import numpy as np
 import optax
 
 from lordo_jax import _checks as checks
-from lordo_jax.local import _low_rank_adam as low_rank
+from lordo_jax.local import _low_rank_adam as low_rank_lib
 
 # What becomes of the moments at the switch: copied, or zeros (the authors' switch,
 # ``HP_SWITCH_RESET_MOMENTA="exp_avg,exp_avg_sq"``, docs/FIDELITY.md point 10).
 MOMENTS = ("keep", "reset")
-INNER_STATES = (optax.ScaleByAdamState, optax.ScaleByScheduleState, low_rank.LowRankAdamState)
+INNER_STATES = (optax.ScaleByAdamState, optax.ScaleByScheduleState, low_rank_lib.LowRankAdamState)
 _WHO = "warm_start_state"
 
 
 def is_matrix_state(node: Any) -> bool:
   """Whether ``node`` is one low-rank matrix's state (basis Q, moments u, v, error E)."""
-  return isinstance(node, low_rank.LowRankMoments)
+  return isinstance(node, low_rank_lib.LowRankMoments)
 
 
 def is_inner_state(node: Any) -> bool:
@@ -66,7 +66,7 @@ def _matrix(source: Any, target: Any, moments: str) -> Any:
 def _take(source: Any, target: Any, moments: str) -> Any:
   """``target`` (an inner optimizer state) with the source's counter, bases and moments."""
   taken = {"count": source.count}
-  if isinstance(target, low_rank.LowRankAdamState):
+  if isinstance(target, low_rank_lib.LowRankAdamState):
     structure = lambda s: jax.tree.structure(s.moments, is_leaf=is_matrix_state)  # noqa: E731
     if structure(source) != structure(target):
       raise ValueError(

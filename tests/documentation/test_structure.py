@@ -17,13 +17,18 @@ COMMUNICATING = {"lordo_jax.comm._collectives"}
 # Each folder of the package and the other folders its modules may import.
 LAYERS = {
   "local": set(),  # the local step imports nothing from the round, comm or above
-  "comm": {"local"},  # messages use the local step's matrix layouts
+  "comm": {"local"},  # low-rank DDP's projected mean takes the local step apart
   "round": {"local", "comm"},  # the round communicates through comm only
   "state": {"local", "comm", "round"},  # reads the states every layer makes
   "methods": {"local", "comm", "round"},  # the optimizers, chains of the layers below
 }
 # Helpers every layer may import; they import nothing from the package but each other.
-SHARED = {"lordo_jax._checks", "lordo_jax._keywords", "lordo_jax._tree_structure"}
+SHARED = {
+  "lordo_jax._checks",
+  "lordo_jax._keywords",
+  "lordo_jax._sharded",
+  "lordo_jax._tree_structure",
+}
 
 
 def _sources():
@@ -164,7 +169,8 @@ def test_the_local_step_imports_nothing_that_communicates(module):
 
 def _route_to_the_svd(monkeypatch) -> list[str]:
   """The package's functions on the stack from ``synchronize``'s ``_update`` to the SVD
-  of a basis refresh at a sync of ``lordo``, outermost first."""
+  of a basis refresh at a sync of ``lordo``, outermost first, each as
+  ``folder/module.function``."""
   import inspect
 
   import jax
@@ -179,7 +185,8 @@ def _route_to_the_svd(monkeypatch) -> list[str]:
     # A comprehension is a frame on Python 3.11 (not 3.12, PEP 709), not a call.
     frames = [f for f in inspect.stack() if str(PACKAGE) in f.filename][::-1]
     frames = [f for f in frames if not f.function.startswith("<")]
-    routes.append([f"{pathlib.Path(f.filename).stem}.{f.function}" for f in frames])
+    where = lambda f: pathlib.Path(f.filename).relative_to(PACKAGE).with_suffix("")  # noqa: E731
+    routes.append([f"{where(f).as_posix()}.{f.function}" for f in frames])
     return top(*args, **kwargs)
 
   monkeypatch.setattr(svd, "top_singular_vectors", recorded)
@@ -187,20 +194,22 @@ def _route_to_the_svd(monkeypatch) -> list[str]:
   params = {"w": jnp.ones((8, 4))}
   jax.eval_shape(tx.update, params, tx.init(params), params)
   (route,) = routes
-  return route[[i for i, name in enumerate(route) if name == "_synchronize._update"][0] :]
+  return route[[i for i, name in enumerate(route) if name == "round/_synchronize._update"][0] :]
+
+
+# The layers from the lowest up: a call goes to its own layer or one below it.
+LAYER_ORDER = ("local", "comm", "round", "state", "methods")
 
 
 def test_a_refresh_at_a_sync_reaches_the_projection_method_in_at_most_6_calls(monkeypatch):
+  """Whatever the functions are called: from synchronize's update to the SVD method's
+  compute in at most 6 calls, and never a call back up the layers."""
   route = _route_to_the_svd(monkeypatch)
-  assert route == [
-    "_synchronize._update",
-    "_synchronize._end_rounds",
-    "_synchronize._sync_fragment",
-    "_basis_refresh.at_sync",
-    "_low_rank_adam._refresh",
-    "strategy.bases_of_mean",
-    "svd.compute_fn",
-  ]  # 6 calls from synchronize's update to the SVD method's compute
+  assert route[0] == "round/_synchronize._update", route
+  assert route[-1].startswith("local/bases/svd."), route
+  assert len(route) - 1 <= 6, route
+  layers = [LAYER_ORDER.index(frame.split("/")[0]) for frame in route]
+  assert layers == sorted(layers, reverse=True), route
 
 
 MAX_MODULE_DOCSTRING_LINES = 10
@@ -231,3 +240,70 @@ def test_no_module_imports_itself_through_others():
 def test_the_cycle_check_sees_a_cycle():
   graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
   assert [m for m in graph if m in reachable(graph, m)] == ["a", "b", "c"]
+
+
+def module_aliases(sources) -> dict[str, set[str]]:
+  """Every module of the package that ``sources`` import by ``from ... import``, and
+  the names they import it under."""
+  aliases = {}
+  for source in sources:
+    for node in ast.walk(ast.parse(source)):
+      if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("lordo_jax"):
+        for alias in node.names:
+          path = PACKAGE.parent / f"{node.module}.{alias.name}".replace(".", "/")
+          if path.with_suffix(".py").exists() or path.is_dir():
+            aliases.setdefault(f"{node.module}.{alias.name}", set()).add(alias.asname or alias.name)
+  return aliases
+
+
+def test_every_module_is_imported_under_one_name():
+  """One name per module across the package (``low_rank_lib`` wherever
+  ``local/_low_rank_adam.py`` is imported), and no name for two modules: a bare name
+  such as ``low_rank`` is then always a value, never the module."""
+  aliases = module_aliases(path.read_text() for path in _sources())
+  assert {module: names for module, names in aliases.items() if len(names) > 1} == {}
+  owners = {}
+  for module, (name,) in aliases.items():
+    owners.setdefault(name, []).append(module)
+  assert {name: modules for name, modules in owners.items() if len(modules) > 1} == {}
+
+
+def test_the_alias_check_sees_a_module_under_two_names():
+  sources = [
+    "from lordo_jax.local import _low_rank_adam as low_rank",
+    "from lordo_jax.local import _low_rank_adam as low_rank_lib",
+    "from lordo_jax.local._low_rank_adam import scale_by_low_rank_adam",  # A function.
+  ]
+  assert module_aliases(sources) == {"lordo_jax.local._low_rank_adam": {"low_rank", "low_rank_lib"}}
+
+
+def shadowed_modules(source: str) -> set[str]:
+  """The names of modules a source imports that it also binds to a value (an
+  assignment, a parameter, a loop variable)."""
+  tree = ast.parse(source)
+  modules = set()
+  for node in tree.body:
+    if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("lordo_jax"):
+      for alias in node.names:
+        path = PACKAGE.parent / f"{node.module}.{alias.name}".replace(".", "/")
+        if path.with_suffix(".py").exists() or path.is_dir():
+          modules.add(alias.asname or alias.name)
+  bound = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+  bound |= {a.arg for n in ast.walk(tree) if isinstance(n, ast.arguments) for a in n.args}
+  bound |= {a.arg for n in ast.walk(tree) if isinstance(n, ast.arguments) for a in n.kwonlyargs}
+  return modules & bound
+
+
+@pytest.mark.parametrize("path", _sources(), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_no_module_name_is_also_a_value(path):
+  assert shadowed_modules(path.read_text()) == set()
+
+
+def test_the_shadow_check_sees_a_module_bound_to_a_value():
+  source = (
+    "from lordo_jax import _sharded as sharded\n\ndef f(x):\n  sharded = [x]\n  return sharded\n"
+  )
+  assert shadowed_modules(source) == {"sharded"}
+  assert shadowed_modules("from lordo_jax import _sharded as sharded\n\ndef f(sharded): ...") == {
+    "sharded"
+  }

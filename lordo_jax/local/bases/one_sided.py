@@ -9,7 +9,7 @@ docstring has the products with Q), and :func:`dense_method` makes the
 import jax
 import jax.numpy as jnp
 
-from lordo_jax.local.bases import layout
+from lordo_jax import _sharded as sharded
 from lordo_jax.local.bases import strategy as strategy_lib
 
 
@@ -52,8 +52,8 @@ def strategy(
   init,
   compute,
   exact=None,
-  dense=layout.whole,
-  change_of_basis=lambda new, old: jnp.matrix_transpose(layout.whole(new)) @ layout.whole(old),
+  dense=sharded.whole,
+  change_of_basis=lambda new, old: jnp.matrix_transpose(sharded.whole(new)) @ sharded.whole(old),
   stored_split: bool = True,
 ) -> strategy_lib.BasisStrategy:
   r"""The one-sided :class:`~lordo_jax.local.bases.strategy.BasisStrategy` of a ``p x q`` matrix.
@@ -99,7 +99,7 @@ def strategy(
     coordinates_shape=(rank, q) if left else (p, rank),
     side="left" if left else "right",
     coordinates_spec=(lambda spec: (None, spec[1])) if left else (lambda spec: (spec[0], None)),
-    basis_spec=(lambda spec: layout.split_rows(p if left else q, spec))
+    basis_spec=(lambda spec: sharded.split_rows(p if left else q, spec))
     if stored_split
     else (lambda spec: None),
   )

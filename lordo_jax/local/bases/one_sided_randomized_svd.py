@@ -10,7 +10,7 @@ and the references); :func:`method` is the one-sided randomized-SVD
 import jax
 import jax.numpy as jnp
 
-from lordo_jax.local.bases import layout
+from lordo_jax import _sharded as sharded
 from lordo_jax.local.bases import one_sided
 from lordo_jax.local.bases import randomized_svd
 from lordo_jax.local.bases import strategy as strategy_lib
@@ -51,8 +51,8 @@ def one_sided_bases(
   :math:`\sigma_1 / (\sigma_r + \sigma_{r+1})` worse. B is only ``l x q`` (``l x p`` on
   the right), so where X is split over a worker group's ``Explicit`` mesh axes,
   gathering B for its SVD is cheap. Every product with X goes through
-  :func:`lordo_jax.local.bases.layout.product` and every ``n x l`` factor through
-  :func:`lordo_jax.local.bases.layout.orthonormal` (shifted Cholesky-QR when split by
+  :func:`lordo_jax._sharded.product` and every ``n x l`` factor through
+  :func:`lordo_jax._sharded.orthonormal` (shifted Cholesky-QR when split by
   rows, which needs the factor well conditioned: a failed refresh keeps the previous
   basis), so nothing ``p x q`` is gathered.
 
@@ -99,7 +99,7 @@ def one_sided_bases(
   )
   bases = []
   for q, core in zip(qs, transposed_cores, strict=True):
-    vh = layout.svd(core)[2]  # Gathers n' x l at most.
+    vh = sharded.svd(core)[2]  # Gathers n' x l at most.
     bases.append(strategy_lib.canonical_signs(q @ jnp.matrix_transpose(vh[..., :rank, :])))
   return bases, oks
 

@@ -9,7 +9,7 @@ references); :mod:`lordo_jax.local.bases.one_sided_randomized_svd` keeps one sid
 import jax
 import jax.numpy as jnp
 
-from lordo_jax.local.bases import layout
+from lordo_jax import _sharded as sharded
 from lordo_jax.local.bases import strategy as strategy_lib
 from lordo_jax.local.bases import two_sided
 
@@ -21,7 +21,7 @@ def sketch_width(shape: tuple[int, int], rank: int, oversample: int) -> int:
 
 def times(x: jax.Array, y: jax.Array, left: bool) -> jax.Array:
   """:math:`X Y` (``left``) or :math:`X^\\top Y`, never gathering a split X."""
-  return layout.product(x, y) if left else layout.product(jnp.matrix_transpose(x), y)
+  return sharded.product(x, y) if left else sharded.product(jnp.matrix_transpose(x), y)
 
 
 def gaussian(keys: jax.Array, shape: tuple[int, int]) -> jax.Array:
@@ -79,7 +79,7 @@ def ranges(
     with ``flip``, the other way round)."""
     pairs = zip(matrices, factors, lefts, strict=True)
     products = mean([times(x, f, left != flip) for x, f, left in pairs])
-    results = [layout.orthonormal(y) for y in products]
+    results = [sharded.orthonormal(y) for y in products]
     oks[:] = [ok & new_ok for ok, (_, new_ok) in zip(oks, results, strict=True)]
     return [q for q, _ in results]
 
@@ -117,9 +117,9 @@ def randomized_bases(
 
   Nothing ``p x q`` is gathered either when X is split over a worker group's
   ``Explicit`` mesh axes: every product with X is
-  :func:`lordo_jax.local.bases.layout.product` (a split inner dimension summed inside
+  :func:`lordo_jax._sharded.product` (a split inner dimension summed inside
   the group), every ``n x l`` factor is orthonormalised by
-  :func:`lordo_jax.local.bases.layout.orthonormal` (shifted Cholesky-QR when it is
+  :func:`lordo_jax._sharded.orthonormal` (shifted Cholesky-QR when it is
   split by rows), and only the ``l x q`` core is made whole for its SVD.
 
   Args:
@@ -143,10 +143,10 @@ def randomized_bases(
   xs = [x.astype(jnp.float32) for x in matrices]
   sketched = dict(rank=rank, oversample=oversample, power_iterations=power_iterations, mean=mean)
   qs, oks = ranges(xs, keys, [True] * len(xs), **sketched)
-  cores = mean([layout.product(jnp.matrix_transpose(q), x) for x, q in zip(xs, qs, strict=True)])
+  cores = mean([sharded.product(jnp.matrix_transpose(q), x) for x, q in zip(xs, qs, strict=True)])
   bases = []
   for q, b in zip(qs, cores, strict=True):
-    u, _, vh = layout.svd(b)  # l x q: small.
+    u, _, vh = sharded.svd(b)  # l x q: small.
     bases.append(
       two_sided.TwoSidedBasis(
         strategy_lib.canonical_signs(q @ u[..., :rank]),

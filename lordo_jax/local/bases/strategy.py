@@ -15,7 +15,7 @@ from typing import Protocol
 import jax
 import jax.numpy as jnp
 
-from lordo_jax.local.bases import layout
+from lordo_jax import _sharded as sharded
 
 Mean = Callable[[list], list]  # Averages a list of arrays over the workers (or not).
 Basis = Any  # Q (an array), a DCTBasis, or a TwoSidedBasis (U and V).
@@ -143,7 +143,7 @@ def canonical_signs(q: jax.Array) -> jax.Array:
   that its largest-magnitude entry is positive."""
   rows = jnp.argmax(jnp.abs(q), axis=-2)
   # The pivot of each column as a masked sum, not a gather: q may be split by rows.
-  at_pivot = layout.row_indices(q) == rows[..., None, :]
+  at_pivot = sharded.row_indices(q) == rows[..., None, :]
   pivots = jnp.sum(q * at_pivot.astype(q.dtype), axis=-2, keepdims=True)
   return q * jnp.where(pivots < 0, -1.0, 1.0).astype(q.dtype)
 
@@ -161,7 +161,7 @@ def checked(basis: Any, previous: Any, batch_ndim: int = 0, ok=True) -> tuple[An
 
   def kept(new, old):
     where = jnp.reshape(ok, ok.shape + (1,) * (new.ndim - batch_ndim))
-    return jnp.where(where, layout.like(new, old), old)
+    return jnp.where(where, sharded.like(new, old), old)
 
   return jax.tree.map(kept, basis, previous), ok
 

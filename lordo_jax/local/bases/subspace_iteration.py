@@ -9,7 +9,7 @@ each instead of an SVD's); :func:`method` is the subspace-iteration
 import jax
 import jax.numpy as jnp
 
-from lordo_jax.local.bases import layout
+from lordo_jax import _sharded as sharded
 from lordo_jax.local.bases import one_sided
 from lordo_jax.local.bases import strategy as strategy_lib
 from lordo_jax.local.bases import svd
@@ -26,7 +26,7 @@ def iterate(x: jax.Array, q: jax.Array, iterations: int, left: bool) -> tuple[ja
     Q \leftarrow \mathrm{qr}\bigl(X^\top (X Q)\bigr).Q \ \text{(right)}
 
   then canonical signs; :math:`O(nqr)` per iteration instead of an SVD's. The QR is
-  :func:`~lordo_jax.local.bases.layout.orthonormal`'s batched Cholesky-QR (the same Q
+  :func:`~lordo_jax._sharded.orthonormal`'s batched Cholesky-QR (the same Q
   to float32 rounding while the factor's condition number, about
   :math:`(\sigma_1 / \sigma_r)^2` of X, stays below :math:`10^7`; Householder QR for a
   matrix past it). Leading axes of ``x`` and ``q`` are a batch of matrices, iterated at
@@ -36,7 +36,7 @@ def iterate(x: jax.Array, q: jax.Array, iterations: int, left: bool) -> tuple[ja
   first, second = (transposed, x) if left else (x, transposed)
   ok = True
   for _ in range(iterations):
-    q, new_ok = layout.orthonormal(layout.product(second, layout.product(first, q)))
+    q, new_ok = sharded.orthonormal(sharded.product(second, sharded.product(first, q)))
     ok = ok & new_ok
   return strategy_lib.canonical_signs(q), ok
 

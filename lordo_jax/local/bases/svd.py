@@ -8,7 +8,7 @@ r"""One-sided SVD: Q is the first r singular vectors of X on the projected side.
 import jax
 import jax.numpy as jnp
 
-from lordo_jax.local.bases import layout
+from lordo_jax import _sharded as sharded
 from lordo_jax.local.bases import one_sided
 from lordo_jax.local.bases import strategy as strategy_lib
 
@@ -26,7 +26,7 @@ def top_singular_vectors(x: jax.Array, rank: int, left: bool) -> jax.Array:
   of X itself, not the left ones of its transpose (a transpose inside the caller's sync
   branch made XLA copy whole matrices on every local step).
   """
-  u, _, vh = layout.svd(x)  # Gathers a split x.
+  u, _, vh = sharded.svd(x)  # Gathers a split x.
   q = u[..., :rank] if left else jnp.matrix_transpose(vh[..., :rank, :])
   return strategy_lib.canonical_signs(q)
 

@@ -9,14 +9,14 @@ each with canonical signs, in float32 whatever the parameter dtype.
 import jax
 import jax.numpy as jnp
 
-from lordo_jax.local.bases import layout
+from lordo_jax import _sharded as sharded
 from lordo_jax.local.bases import strategy as strategy_lib
 from lordo_jax.local.bases import two_sided
 
 
 def top_singular_vectors(x: jax.Array, rank: int) -> two_sided.TwoSidedBasis:
   """The top-r left and right singular vectors of X, canonical signs each."""
-  u, _, vh = layout.svd(x.astype(jnp.float32))
+  u, _, vh = sharded.svd(x.astype(jnp.float32))
   return two_sided.TwoSidedBasis(
     strategy_lib.canonical_signs(u[..., :rank]),
     strategy_lib.canonical_signs(jnp.matrix_transpose(vh[..., :rank, :])),

@@ -1,4 +1,4 @@
-"""bases/layout.orthonormal: a batched Cholesky-QR with the thin QR's Q, and its fallback.
+"""lordo_jax._sharded.orthonormal: a batched Cholesky-QR with the thin QR's Q, and its fallback.
 
 The reference is NumPy's Householder QR in float64 (signs fixed so R has a positive
 diagonal). A plain Cholesky-QR in float32 breaks down near condition number 1e3-1e4
@@ -15,7 +15,7 @@ from jax.sharding import AxisType
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from lordo_jax.local.bases import layout
+from lordo_jax import _sharded as sharded
 from tests.helpers import hlo
 from tests.references import basis_numpy as ref
 
@@ -49,10 +49,10 @@ CONDITIONS = [1e1, 1e3, 1e5, 1e6, 1e7]
 @pytest.mark.parametrize("shape", [(96, 10), (768, 64)])
 def test_a_batch_of_ill_conditioned_factors_gets_the_thin_qr_q_without_a_fallback(shape):
   ys = np.stack([_factor(*shape, c, seed=i) for i, c in enumerate(CONDITIONS)])
-  q_cholesky = jax.jit(layout.cholesky_qr)(jnp.asarray(ys, jnp.float32))
+  q_cholesky = jax.jit(sharded.cholesky_qr)(jnp.asarray(ys, jnp.float32))
   # The Cholesky passes alone hold at every conditioning: no fallback is needed.
-  assert np.all(np.asarray(layout.orthonormality_error(q_cholesky)) < 1e-5)
-  q, ok = jax.jit(layout.orthonormal)(jnp.asarray(ys, jnp.float32))
+  assert np.all(np.asarray(sharded.orthonormality_error(q_cholesky)) < 1e-5)
+  q, ok = jax.jit(sharded.orthonormal)(jnp.asarray(ys, jnp.float32))
   assert ok.shape == (len(CONDITIONS),) and bool(jnp.all(ok))
   q = np.asarray(q, np.float64)
   for i, condition in enumerate(CONDITIONS):
@@ -62,9 +62,9 @@ def test_a_batch_of_ill_conditioned_factors_gets_the_thin_qr_q_without_a_fallbac
 
 def test_each_matrix_of_a_batch_is_orthonormalised_as_it_would_be_alone():
   ys = jnp.asarray(np.stack([_factor(64, 8, c, seed=i) for i, c in enumerate((1e1, 1e4))]))
-  q, _ = jax.jit(layout.orthonormal)(ys)
+  q, _ = jax.jit(sharded.orthonormal)(ys)
   for i in range(2):
-    alone, _ = jax.jit(layout.orthonormal)(ys[i])
+    alone, _ = jax.jit(sharded.orthonormal)(ys[i])
     np.testing.assert_allclose(q[i], alone, atol=1e-6)
 
 
@@ -74,9 +74,9 @@ def test_each_matrix_of_a_batch_is_orthonormalised_as_it_would_be_alone():
 def test_a_rank_deficient_factor_gets_an_orthonormal_basis_of_its_range(y):
   """A thin QR of a rank-deficient matrix is not unique: any orthonormal Q whose span
   holds the columns of Y is one, and the shifted passes give one with no fallback."""
-  q, ok = jax.jit(layout.orthonormal)(jnp.asarray(y[None], jnp.float32))
-  q_cholesky = jax.jit(layout.cholesky_qr)(jnp.asarray(y[None], jnp.float32))
-  assert float(layout.orthonormality_error(q_cholesky)[0]) < 1e-5  # No fallback needed.
+  q, ok = jax.jit(sharded.orthonormal)(jnp.asarray(y[None], jnp.float32))
+  q_cholesky = jax.jit(sharded.cholesky_qr)(jnp.asarray(y[None], jnp.float32))
+  assert float(sharded.orthonormality_error(q_cholesky)[0]) < 1e-5  # No fallback needed.
   q = np.asarray(q[0], np.float64)
   assert bool(ok[0]) and ref.orthonormality_error(q) < 1e-5
   outside = y - q @ (q.T @ y)
@@ -91,9 +91,9 @@ def test_a_rank_deficient_factor_gets_an_orthonormal_basis_of_its_range(y):
 def test_a_failing_matrix_falls_back_alone_to_householder_qr(failing):
   good = _factor(40, 6, 1e2)
   ys = jnp.asarray(np.stack([good, failing, good]), jnp.float32)
-  cholesky = np.asarray(jax.jit(layout.cholesky_qr)(ys))
+  cholesky = np.asarray(jax.jit(sharded.cholesky_qr)(ys))
   assert not np.any(np.isfinite(cholesky[1]))  # The Cholesky-QR alone is NaN there...
-  q, ok = jax.jit(layout.orthonormal)(ys)
+  q, ok = jax.jit(sharded.orthonormal)(ys)
   assert np.asarray(ok).tolist() == [True, True, True]
   q = np.asarray(q)
   assert np.all(np.isfinite(q))
@@ -105,14 +105,14 @@ def test_a_failing_matrix_falls_back_alone_to_householder_qr(failing):
 
 def test_a_matrix_with_no_basis_is_reported_not_returned_as_nan():
   ys = jnp.asarray(np.stack([_factor(40, 6, 1e2), np.full((40, 6), np.nan)]), jnp.float32)
-  q, ok = jax.jit(layout.orthonormal)(ys)
+  q, ok = jax.jit(sharded.orthonormal)(ys)
   assert np.asarray(ok).tolist() == [True, False]
 
 
 def test_the_fallback_runs_only_when_a_matrix_failed():
   """One QR custom call, inside a conditional branch: a batch that needs no fallback
   runs only products and Cholesky factorizations."""
-  text = jax.jit(layout.orthonormal).lower(jnp.ones((4, 32, 5))).compile().as_text()
+  text = jax.jit(sharded.orthonormal).lower(jnp.ones((4, 32, 5))).compile().as_text()
   qr = hlo.linear_algebra_calls(text, "qr")
   assert len(qr) == 1 and qr[0].depth == 1
   cholesky = hlo.linear_algebra_calls(text, "cholesky")
@@ -132,7 +132,7 @@ def test_a_factor_split_by_rows_gets_the_thin_qr_q_without_a_gather(condition):
   mesh, split = _split(ys, explicit=True)
   set_mesh = getattr(jax, "set_mesh", None) or jax.sharding.use_mesh
   with set_mesh(mesh):
-    q, ok = jax.jit(layout.orthonormal)(split)
+    q, ok = jax.jit(sharded.orthonormal)(split)
   assert tuple(q.sharding.spec)[:2] == (None, "fsdp")  # Never gathered.
   assert bool(jnp.all(ok))
   q = np.asarray(q, np.float64)
@@ -146,6 +146,6 @@ def test_a_split_factor_that_fails_reports_it_instead_of_gathering():
   mesh, split = _split(ys, explicit=True)
   set_mesh = getattr(jax, "set_mesh", None) or jax.sharding.use_mesh
   with set_mesh(mesh):
-    q, ok = jax.jit(layout.orthonormal)(split)
+    q, ok = jax.jit(sharded.orthonormal)(split)
   assert np.asarray(ok).tolist() == [True, False]
   assert ref.orthonormality_error(np.asarray(q[0])) < 1e-5
