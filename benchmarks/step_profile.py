@@ -7,7 +7,9 @@ r"""Where a local step's time goes: each kernel of AdamW's, DDP's and LoRDO's st
 candidate of ``device_speed.py``'s sections (the optimizer step alone on GPT-2 small's
 shapes: ``optax.adamw``, ``lordo_jax.local_adam`` and ``lordo_jax.lordo`` at its default
 projection, one program and with ``round_phase``; the LM's whole training step: DDP and
-LoRDO, both ways), it compiles the step, runs one
+LoRDO, both ways; and LoRDO with ``round_phase`` grouped the other way: per matrix where
+the platform batches its local step by shape (an accelerator), batched on a CPU), it
+compiles the step, runs one
 round of K steps, times a second, then records ``--steps`` local steps (at most
 K - 1, none of them a sync) under
 ``jax.profiler.trace`` and reads the trace with ``jax.profiler.ProfileData``: every
@@ -31,6 +33,7 @@ import os
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # Before NumPy loads; see step_speed.py.
 
 import collections  # noqa: E402
+import contextlib  # noqa: E402
 import datetime  # noqa: E402
 import glob  # noqa: E402
 import json  # noqa: E402
@@ -44,6 +47,7 @@ import optax  # noqa: E402
 from harness import studies  # noqa: E402
 
 import lordo_jax  # noqa: E402
+from lordo_jax.local import _shape_groups as shape_groups  # noqa: E402
 
 SECTIONS = ("optimizer", "lm")
 STEPS = 8  # Local steps traced per candidate (K = 16: none of them a sync).
@@ -71,6 +75,44 @@ def parse_args(argv=None):
   return args
 
 
+def _batches_by_default() -> bool:
+  """Whether this platform's local step is batched by shape group."""
+  return jax.default_backend() not in shape_groups.PER_MATRIX_STEP_PLATFORMS
+
+
+# LoRDO with round_phase, its local step grouped the other way from the platform's.
+REGROUPED = f"{speed.PHASED}, {'per matrix' if _batches_by_default() else 'batched by shape'}"
+
+
+@contextlib.contextmanager
+def _other_grouping():
+  """Traces made inside take the local step's other grouping (the policy is read when
+  a step is traced)."""
+  saved = shape_groups.PER_MATRIX_STEP_PLATFORMS
+  other = (jax.default_backend(),) if _batches_by_default() else ()
+  shape_groups.PER_MATRIX_STEP_PLATFORMS = other
+  try:
+    yield
+  finally:
+    shape_groups.PER_MATRIX_STEP_PLATFORMS = saved
+
+
+def regrouped(make) -> speed.Candidate:
+  """The candidate ``make()`` builds, every program of it (those compiled at its first
+  use too) traced with the other grouping."""
+  with _other_grouping():
+    candidate = make()
+  timed = candidate.timed
+  call = timed.call
+
+  def call_regrouped(*args):
+    with _other_grouping():
+      return call(*args)
+
+  timed.call = call_regrouped
+  return candidate
+
+
 def optimizer_candidates(args, settings) -> dict[str, speed.Candidate]:
   """AdamW, Local Adam (LoRDO's round, full rank) and LoRDO's optimizer step alone, one
   program and with ``round_phase``."""
@@ -91,11 +133,15 @@ def optimizer_candidates(args, settings) -> dict[str, speed.Candidate]:
       speed.lordo_kind(period),
     ),
   }
-  txs[speed.PHASED] = txs["lordo"]
-  return {
-    name: speed.optimizer_step(tx, params, grads, period, kind, phased=name == speed.PHASED)
-    for name, (tx, kind) in txs.items()
-  }
+  txs[speed.PHASED] = txs[REGROUPED] = txs["lordo"]
+  candidates = {}
+  for name, (tx, kind) in txs.items():
+    phased = name in (speed.PHASED, REGROUPED)
+    make = lambda tx=tx, kind=kind, phased=phased: speed.optimizer_step(  # noqa: E731
+      tx, params, grads, period, kind, phased=phased
+    )
+    candidates[name] = regrouped(make) if name == REGROUPED else make()
+  return candidates
 
 
 def lm_candidates(args, settings) -> dict[str, speed.Candidate]:
@@ -109,10 +155,10 @@ def lm_candidates(args, settings) -> dict[str, speed.Candidate]:
     raw, num_workers=1, seq_len=config.seq_len, batch_size=speed.LM_BATCH, name=name
   )
   period = settings["period"]
-  return {
-    f"lm {method}": speed.lm_step(method, None, config, apply, params, dataset, period)
-    for method in ("ddp", "lordo", speed.PHASED)
-  }
+  step = lambda method: speed.lm_step(method, None, config, apply, params, dataset, period)  # noqa: E731
+  candidates = {f"lm {method}": step(method) for method in ("ddp", "lordo", speed.PHASED)}
+  candidates[f"lm {REGROUPED}"] = regrouped(lambda: step(speed.PHASED))
+  return candidates
 
 
 def kind_of(opcode: str, line: str) -> str:

@@ -1,7 +1,8 @@
 """benchmarks/step_profile.py in quick mode, in a subprocess: every candidate profiled,
 its kernels counted from the profiler's trace and named from the compiled HLO, and
 LoRDO's local step compiled with ``round_phase`` running fewer kernels than the one
-program, with no conditional and no copy in its HLO."""
+program, with no conditional and no copy in its HLO, and, batched by shape (an
+accelerator's grouping, forced on this CPU), fewer kernels and products than per matrix."""
 
 import json
 import os
@@ -44,9 +45,11 @@ def test_every_candidate_is_profiled(result):
     "local_adam",
     "lordo",
     "lordo, round phase",
+    "lordo, round phase, batched by shape",
     "lm ddp",
     "lm lordo",
     "lm lordo, round phase",
+    "lm lordo, round phase, batched by shape",
   ]
   for p in record["profiles"]:
     assert p["wall_ms"] > 0 and p["kernel_ms"] > 0 and p["kernels_per_step"] > 0, p["name"]
@@ -75,6 +78,22 @@ def test_the_round_phase_removes_the_rounds_conditional_and_copies(result):
   # The optimizer step alone copies nothing but empty placeholders (f32[0]).
   assert all("[0]" in shape for shape in copies(profiles["lordo, round phase"]))
   assert any("[0]" not in shape for shape in copies(profiles["lordo"]))
+
+
+def test_a_local_step_batched_by_shape_runs_fewer_kernels_and_products(result):
+  """The quick shapes' 2 layers: each of the 4 shapes' 2 matrices in one batched
+  computation, so 2 products per shape where per matrix takes 2 per matrix."""
+  record, out = result
+  profiles = {p["name"]: p for p in record["profiles"]}
+  assert step_profile.REGROUPED == "lordo, round phase, batched by shape"  # On a CPU.
+  for prefix in ("", "lm "):
+    per_matrix, batched = (f"{prefix}lordo, round phase", f"{prefix}{step_profile.REGROUPED}")
+    assert profiles[batched]["kernels_per_step"] < profiles[per_matrix]["kernels_per_step"]
+    products = {
+      name: (out / "hlo" / f"{name.replace(' ', '_')}.hlo.txt").read_text().count(" dot(")
+      for name in (per_matrix, batched)
+    }
+    assert products[batched] < products[per_matrix], products
 
 
 def test_kind_of_reads_gemms_fusions_and_custom_calls():
