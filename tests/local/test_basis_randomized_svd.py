@@ -120,7 +120,7 @@ def test_products_are_the_two_sided_ones():
   np.testing.assert_allclose(s.project(s.dense(new), a), u.T @ a @ v, **tol)
   c = rng.standard_normal((RANK, RANK)).astype(np.float32)
   np.testing.assert_allclose(s.unproject(s.dense(new), c), u @ c @ v.T, **tol)
-  rotation = s.overlap(new, old)
+  rotation = s.change_of_basis(new, old)
   r_u, r_v = u.T @ np.asarray(old.left), v.T @ np.asarray(old.right)
   np.testing.assert_allclose(rotation.left, r_u, **tol)
   np.testing.assert_allclose(rotation.right, r_v, **tol)

@@ -119,6 +119,6 @@ def test_products_are_the_one_sided_ones():
   tol = dict(rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(s.project(s.dense(new), a), q_new.T @ a, **tol)
   np.testing.assert_allclose(s.unproject(s.dense(new), c), q_new @ c, **tol)
-  rotation = s.overlap(new, old)
+  rotation = s.change_of_basis(new, old)
   np.testing.assert_allclose(rotation, q_new.T @ q_old, **tol)
   np.testing.assert_allclose(s.carry(rotation, c), (q_new.T @ q_old) @ c, **tol)

@@ -86,7 +86,7 @@ def test_a_bfloat16_matrix_gives_a_float32_basis():
 
 
 @pytest.mark.parametrize("p, q, side, want", SIDES)
-def test_project_unproject_overlap_and_carry_are_numpys_products(p, q, side, want):
+def test_project_unproject_change_of_basis_and_carry_are_numpys_products(p, q, side, want):
   left = want == "left"
   s = make(p, q, side)
   rng = np.random.default_rng(p * q)
@@ -107,7 +107,7 @@ def test_project_unproject_overlap_and_carry_are_numpys_products(p, q, side, wan
   assert back.shape == (p, q)
   np.testing.assert_allclose(back, q_new @ c if left else c @ q_new.T, **tol)
 
-  rotation = s.overlap(new, old)
+  rotation = s.change_of_basis(new, old)
   assert rotation.shape == (RANK, RANK)
   np.testing.assert_allclose(rotation, q_new.T @ q_old, **tol)
 

@@ -145,10 +145,10 @@ def test_the_right_side_is_the_left_side_of_the_transpose(method):
 
 
 @pytest.mark.parametrize("method", ["svd", "dct"])
-def test_overlap_is_new_transpose_times_old(method):
+def test_the_change_of_basis_is_new_transpose_times_old(method):
   a = projection.random_basis(jax.random.key(0), 16, 4, method)
   b = projection.random_basis(jax.random.key(1), 16, 4, method)
   expected = projection.basis_matrix(a).T @ projection.basis_matrix(b)
-  np.testing.assert_allclose(projection.overlap(a, b), expected, atol=1e-6)
+  np.testing.assert_allclose(projection.change_of_basis(a, b), expected, atol=1e-6)
   if method == "dct":
-    assert set(np.unique(np.asarray(projection.overlap(a, b)))) <= {0.0, 1.0}
+    assert set(np.unique(np.asarray(projection.change_of_basis(a, b)))) <= {0.0, 1.0}
