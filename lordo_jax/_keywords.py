@@ -1,10 +1,10 @@
 """Keyword options written once: each one's default, type and Args text in one place.
 
-Options are the fields of frozen dataclasses (:func:`option`); :func:`takes` gives a
-factory that reads them from ``**options`` its full keyword signature, so that
-``inspect.signature``, ``help``, Sphinx and ``optax.inject_hyperparams`` see every
-keyword and its default, and writes their Args entries where its docstring says
-``{options}``.
+Options are the fields of frozen dataclasses (:func:`option`). A public factory declares
+each of its keywords in its ``def``, the default by reference to the field
+(``b1: float = LowRankOptions.b1``); :func:`takes` checks at import that the ``def``
+declares every option of its groups as they are, checks a call's static values and
+writes the options' Args entries where the docstring says ``{options}``.
 """
 
 import dataclasses
@@ -13,27 +13,26 @@ import functools
 import inspect
 import re
 import textwrap
+from collections.abc import Callable
 from typing import Any
 from typing import NamedTuple
+from typing import TypeVar
 
 from lordo_jax import _checks as checks
 
-# The integer options that fix the program's shapes or its rounds: Python values only,
-# never injected by optax.inject_hyperparams (their defaults are None for that reason).
+# The integers that fix the program's shapes or its rounds and that factories declare
+# themselves, outside any option group (a group's are ``option(..., static=True)``):
+# Python values only, never injected by optax.inject_hyperparams (their defaults are
+# None for that reason).
 STATIC = (
-  "rank",
-  "sync_every",
   "refresh_every",
   "sync_moments_every",
   "first_moment_every",
   "second_moment_every",
-  "subspace_iterations",
-  "oversample",
-  "power_iterations",
-  "fragments",
   "seed",
 )
 _REQUIRED = inspect.Parameter.empty
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class Keyword(NamedTuple):
@@ -44,12 +43,14 @@ class Keyword(NamedTuple):
   annotation: Any
   doc: str  # Its Args text, without the name.
   field: str  # The dataclass field that holds it.
+  static: bool  # It fixes the program's shapes or rounds: a Python value, never an array.
 
 
-def option(doc: str, default: Any = _REQUIRED, *, keyword: str | None = None):
-  """A dataclass field that is a keyword option: its ``doc`` and its public ``keyword``
-  (``None``: the field's name)."""
-  metadata = {"doc": doc, "keyword": keyword}
+def option(doc: str, default: Any = _REQUIRED, *, keyword: str | None = None, static=False):
+  """A dataclass field that is a keyword option: its ``doc``, its public ``keyword``
+  (``None``: the field's name) and whether it is ``static`` (fixes the program's shapes
+  or rounds, so must be a Python value)."""
+  metadata = {"doc": doc, "keyword": keyword, "static": static}
   if default is _REQUIRED:
     return dataclasses.field(metadata=metadata)
   return dataclasses.field(default=default, metadata=metadata)
@@ -62,7 +63,8 @@ def of(config: type, *names: str) -> tuple[Keyword, ...]:
   for f in dataclasses.fields(config):
     name = f.metadata["keyword"] or f.name
     default = _REQUIRED if f.default is dataclasses.MISSING else f.default
-    keywords.append(Keyword(name, default, f.type, f.metadata["doc"], f.name))
+    static = f.metadata["static"]
+    keywords.append(Keyword(name, default, f.type, f.metadata["doc"], f.name, static))
   return tuple(k for k in keywords if not names or k.name in names)
 
 
@@ -71,65 +73,71 @@ def build(config: type, options: dict[str, Any]):
   return config(**{k.field: options[k.name] for k in of(config) if k.name in options})
 
 
-def takes(*groups: tuple[Keyword, ...], **defaults: Any):
-  """Decorates a factory ``f(..., **options)``: its signature gains the keywords of
-  ``groups`` (``defaults`` overrides theirs), keyword-only after its own.
+def takes(*groups: tuple[Keyword, ...], overrides: tuple[str, ...] = ()) -> Callable[[F], F]:
+  """Decorates a factory whose ``def`` declares every keyword of ``groups``.
 
-  A call binds its arguments to that signature (an unknown keyword is a ``TypeError``
-  naming the closest ones), checks that the :data:`STATIC` ones are Python values,
-  and calls ``f`` with the group keywords, defaults applied, in ``options``. A
-  keyword ``f`` declares itself keeps its place and default; its text still comes from
-  the group. The docstring's ``{options}`` line becomes the Args entries of every group
-  keyword in the signature.
+  The ``def`` is the signature users, editors and type checkers read; its defaults
+  refer to the groups' dataclasses (``b1: float = LowRankOptions.b1``), so each is
+  written once. When the module loads, every keyword of ``groups`` must be a
+  keyword-only parameter of the ``def`` with the group's annotation and default, except
+  the defaults named in ``overrides`` (a method's own, such as lordo's ``omega=0.7``):
+  a keyword added to a group fails the import of every factory that does not declare
+  it. A call binds its arguments (an unknown keyword is a ``TypeError`` naming the
+  closest ones) and checks that the static ones are Python values. The
+  docstring's ``{options}`` line becomes the Args entries of the group keywords it
+  does not document itself.
   """
   keywords = {k.name: k for group in groups for k in group}
-  unknown = set(defaults) - set(keywords)
-  if unknown:
-    raise TypeError(f"takes: defaults for keywords no group has: {sorted(unknown)}")
+  static = {k.name for k in keywords.values() if k.static} | set(STATIC)
 
-  def decorate(factory):
-    own = inspect.signature(factory)
-    parameters = [p for p in own.parameters.values() if p.kind is not p.VAR_KEYWORD]
-    declared = {p.name for p in parameters}
-    parameters += [
-      inspect.Parameter(
-        k.name,
-        inspect.Parameter.KEYWORD_ONLY,
-        default=defaults.get(k.name, k.default),
-        annotation=k.annotation,
-      )
-      for k in keywords.values()
-      if k.name not in declared
-    ]
-    signature = own.replace(parameters=parameters)
+  def decorate(factory: F) -> F:
+    signature = inspect.signature(factory)
     name = factory.__name__
+    _check_declared(name, signature, keywords, overrides)
 
     @functools.wraps(factory)
     def wrapper(*args, **kwargs):
       bound = _bound(name, signature, args, kwargs)
-      checks.static_args(name, **{k: v for k, v in bound.items() if k in STATIC})
+      checks.static_args(name, **{k: v for k, v in bound.items() if k in static})
       return factory(**bound)
 
-    wrapper.__signature__ = signature
     wrapper.__doc__ = _documented(
-      factory.__doc__, [keywords[p.name] for p in parameters if p.name in keywords]
+      factory.__doc__, [keywords[p] for p in signature.parameters if p in keywords]
     )
     return wrapper
 
   return decorate
 
 
-def like(model, *, without: tuple[str, ...]):
-  """Decorates a factory ``f(..., **options)`` that passes ``options`` on to ``model``:
-  its signature becomes ``model``'s without the keywords ``without``."""
+def given(arguments: dict[str, Any], *groups: tuple[Keyword, ...]) -> dict[str, Any]:
+  """The keywords of ``groups`` among a factory's ``arguments`` (its ``locals()`` on
+  entry), by name."""
+  return {k.name: arguments[k.name] for group in groups for k in group}
 
-  def decorate(factory):
-    parameters = inspect.signature(model).parameters.values()
-    kept = [p for p in parameters if p.name not in without]
-    factory.__signature__ = inspect.signature(model).replace(parameters=kept)
-    return factory
 
-  return decorate
+def without(group: tuple[Keyword, ...], *names: str) -> tuple[Keyword, ...]:
+  """``group`` less the keywords ``names``."""
+  return tuple(k for k in group if k.name not in names)
+
+
+def _check_declared(name, signature, keywords, overrides) -> None:
+  """An error, at import, for a group keyword the ``def`` lacks or declares otherwise."""
+  parameters = signature.parameters
+  for k in keywords.values():
+    p = parameters.get(k.name)
+    if p is None or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+      raise TypeError(f"{name}: the keyword {k.name!r} of its options is not in its def.")
+    default_differs = p.default is not k.default and (
+      type(p.default) is not type(k.default) or p.default != k.default
+    )
+    annotation_differs = k.annotation is not Any and p.annotation != k.annotation
+    annotation_differs &= k.name not in overrides
+    if (k.name not in overrides and default_differs) or annotation_differs:
+      raise TypeError(
+        f"{name}: {k.name}: {p.annotation} = {p.default!r} in its def, but the option is "
+        f"{k.annotation} = {k.default!r} (write the option's default by reference, or "
+        "name it in overrides)."
+      )
 
 
 def _bound(name: str, signature: inspect.Signature, args, kwargs) -> dict[str, Any]:

@@ -241,7 +241,7 @@ class LowRankOptions:
   text come from here, :mod:`lordo_jax._keywords`); :func:`check_options` checks them.
   """
 
-  rank: int = keywords.option("r, the dimension of each matrix's subspace.")
+  rank: int = keywords.option("r, the dimension of each matrix's subspace.", static=True)
   omega: float = keywords.option(
     "weight of the low-rank term of the quasi-hyperbolic mix; 1 is plain low-rank Adam "
     "(GaLore), with no full-rank term.",
@@ -308,6 +308,7 @@ class LowRankOptions:
     'steps of warm-started subspace iteration per refresh with ``"subspace_iteration"`` '
     "(``None``: 2).",
     None,
+    static=True,
   )
   two_sided: bool = keywords.option(
     "project on both sides (TSR-Adam, MATH.md §5): the "
@@ -315,12 +316,13 @@ class LowRankOptions:
     False,
   )
   oversample: int | None = keywords.option(
-    'extra sketch columns of ``"randomized_svd"`` (``None``: 8).', None
+    'extra sketch columns of ``"randomized_svd"`` (``None``: 8).', None, static=True
   )
   power_iterations: int | None = keywords.option(
     'power iterations of ``"randomized_svd"`` (``None``: 1; each costs two more '
     "products with the matrix, and two more averages when distributed).",
     None,
+    static=True,
   )
 
 
@@ -677,17 +679,11 @@ def _update(c: _Config, updates, state, params=None):
   return _stepped(c, state, listed, _projected_by_group(c, listed))
 
 
-def _integers(step: LowRankOptions) -> dict:
-  """The options that fix the program's shapes: Python ints, never arrays."""
-  names = ("rank", "subspace_iterations", "oversample", "power_iterations")
-  return {name: getattr(step, name) for name in names}
-
-
 def _basis_options(step: LowRankOptions) -> bases_lib.Options:
-  """The basis options (``None``: the defaults of :class:`~lordo_jax.local.bases.Options`)."""
-  names = ("subspace_iterations", "oversample", "power_iterations")
-  given = {name: getattr(step, name) for name in names if getattr(step, name) is not None}
-  return bases_lib.Options(step.rank, step.side, **given)
+  """The step's options that :class:`~lordo_jax.local.bases.Options` has, by name
+  (``None``: its default, written there)."""
+  given = {name: getattr(step, name) for name in bases_lib.Options._fields}
+  return bases_lib.Options(**{name: value for name, value in given.items() if value is not None})
 
 
 @keywords.takes(STEP_KEYWORDS)
@@ -698,7 +694,24 @@ def scale_by_low_rank_adam(
   init_projection: str = "gradient",
   seed: int | None = None,
   matrix_axes: Any = None,
-  **options: Any,
+  omega: float = LowRankOptions.omega,
+  mu: float = LowRankOptions.full_rank_rescale,
+  b1: float = LowRankOptions.b1,
+  b2: float = LowRankOptions.b2,
+  eps: float = LowRankOptions.eps,
+  projection: str = LowRankOptions.projection,
+  side: str = LowRankOptions.side,
+  transport: str = LowRankOptions.transport,
+  error_feedback: bool = LowRankOptions.error_feedback,
+  error_feedback_dtype: Any = LowRankOptions.error_feedback_dtype,
+  full_rank_scale: str = LowRankOptions.full_rank_scale,
+  full_rank_numerator: str = LowRankOptions.full_rank_numerator,
+  qh_nu: float = LowRankOptions.qh_nu,
+  low_rank_term: str = LowRankOptions.low_rank_term,
+  subspace_iterations: int | None = LowRankOptions.subspace_iterations,
+  two_sided: bool = LowRankOptions.two_sided,
+  oversample: int | None = LowRankOptions.oversample,
+  power_iterations: int | None = LowRankOptions.power_iterations,
 ) -> LowRankAdam:
   r"""Adam with its moments in a low-rank subspace of each matrix, plus the QH mix.
 
@@ -795,7 +808,7 @@ def scale_by_low_rank_adam(
   """
   return low_rank_adam(
     "scale_by_low_rank_adam",
-    keywords.build(LowRankOptions, dict(options, rank=rank)),
+    keywords.build(LowRankOptions, locals()),
     refresh_every=refresh_every,
     init_projection=init_projection,
     seed=seed,
@@ -814,7 +827,6 @@ def low_rank_adam(
 ) -> LowRankAdam:
   """:func:`scale_by_low_rank_adam` from its options; every option checked, in ``who``'s
   name (the method that built them)."""
-  checks.static_args(who, **_integers(step), refresh_every=refresh_every, seed=seed)
   check_options(who, step)
   checks.one_of(who, "init_projection", init_projection, INIT_PROJECTIONS)
   c = _Config(

@@ -19,6 +19,7 @@ from lordo_jax import _keywords as keywords
 from lordo_jax.comm import _collectives as collectives
 from lordo_jax.comm import _compression as compression_lib
 from lordo_jax.comm import _projected_mean as projected_mean
+from lordo_jax.local import _low_rank_adam as low_rank_lib
 from lordo_jax.local import _routing as routing
 from lordo_jax.methods import local_step
 from lordo_jax.methods import options as options_lib
@@ -104,7 +105,10 @@ def ddp(
   *,
   axis_name: str | None = None,
   compression: str | None = None,
-  **options: Any,
+  b1: float = low_rank_lib.LowRankOptions.b1,
+  b2: float = low_rank_lib.LowRankOptions.b2,
+  eps: float = low_rank_lib.LowRankOptions.eps,
+  weight_decay: float = options_lib.LocalOptions.weight_decay,
 ) -> optax.GradientTransformation:
   r"""Data-parallel AdamW (DDP): the full gradient is averaged every step.
 
@@ -139,10 +143,11 @@ def ddp(
     `Decoupled Weight Decay Regularization <https://arxiv.org/abs/1711.05101>`_,
     ICLR 2019.
   """
-  options_lib.check_adam("ddp", options)
+  adam = keywords.given(locals(), options_lib.ADAM)
+  options_lib.check_adam("ddp", adam)
   return optax.chain(
     average_gradients(axis_name, compression=compression),
-    local_step.adamw(learning_rate, **options),
+    local_step.adamw(learning_rate, **adam),
   )
 
 
@@ -172,7 +177,7 @@ def _check_projected(who: str, *, omega, compression, error_feedback) -> None:
     )
 
 
-@keywords.takes(options_lib.basics("axis_name"), options_lib.LOW_RANK, transport="keep")
+@keywords.takes(options_lib.basics("axis_name"), options_lib.LOW_RANK, overrides=("transport",))
 def low_rank_ddp(
   learning_rate: optax.ScalarOrSchedule,
   *,
@@ -181,7 +186,27 @@ def low_rank_ddp(
   axis_name: str | None = None,
   communicate: str = "full",
   compression: str | None = None,
-  **options: Any,
+  omega: float = low_rank_lib.LowRankOptions.omega,
+  mu: float = low_rank_lib.LowRankOptions.full_rank_rescale,
+  b1: float = low_rank_lib.LowRankOptions.b1,
+  b2: float = low_rank_lib.LowRankOptions.b2,
+  eps: float = low_rank_lib.LowRankOptions.eps,
+  projection: str = low_rank_lib.LowRankOptions.projection,
+  side: str = low_rank_lib.LowRankOptions.side,
+  transport: str = "keep",
+  error_feedback: bool = low_rank_lib.LowRankOptions.error_feedback,
+  error_feedback_dtype: Any = low_rank_lib.LowRankOptions.error_feedback_dtype,
+  full_rank_scale: str = low_rank_lib.LowRankOptions.full_rank_scale,
+  full_rank_numerator: str = low_rank_lib.LowRankOptions.full_rank_numerator,
+  qh_nu: float = low_rank_lib.LowRankOptions.qh_nu,
+  low_rank_term: str = low_rank_lib.LowRankOptions.low_rank_term,
+  subspace_iterations: int | None = low_rank_lib.LowRankOptions.subspace_iterations,
+  two_sided: bool = low_rank_lib.LowRankOptions.two_sided,
+  oversample: int | None = low_rank_lib.LowRankOptions.oversample,
+  power_iterations: int | None = low_rank_lib.LowRankOptions.power_iterations,
+  weight_decay: float = options_lib.LocalOptions.weight_decay,
+  full_rank_nu: float = options_lib.LocalOptions.full_rank_nu,
+  low_rank_labels: Any = options_lib.LocalOptions.low_rank_labels,
 ) -> optax.GradientTransformation:
   r"""Low-rank DDP (GaLore-DDP): low-rank Adam on the averaged gradient.
 
@@ -248,15 +273,14 @@ def low_rank_ddp(
     al., `TSR-Adam <https://arxiv.org/abs/2602.08007>`_, 2026 (two-sided).
   """
   who = "low_rank_ddp"
+  step_keywords = keywords.given(locals(), options_lib.LOW_RANK)
   refresh_every = DEFAULT_REFRESH_EVERY if refresh_every is None else refresh_every
   checks.positive_int(who, "refresh_every", refresh_every)
   checks.one_of(who, "communicate", communicate, COMMUNICATE)
   projected = communicate == "projected"
   if projected:
-    _check_projected(
-      who, omega=options["omega"], compression=compression, error_feedback=options["error_feedback"]
-    )
-  step_options, local_options = options_lib.low_rank_step(who, dict(options, rank=rank))
+    _check_projected(who, omega=omega, compression=compression, error_feedback=error_feedback)
+  step_options, local_options = options_lib.low_rank_step(who, step_keywords)
 
   def matrices_path(low_rank):
     """Projected: the coordinates averaged (``projected_mean``)."""

@@ -12,8 +12,10 @@ import optax
 
 from lordo_jax import _checks as checks
 from lordo_jax import _keywords as keywords
+from lordo_jax.local import _low_rank_adam as low_rank_lib
 from lordo_jax.methods import local_step
 from lordo_jax.methods import options as options_lib
+from lordo_jax.round import _round_options as round_options_lib
 from lordo_jax.round import _synchronize as sync_lib
 
 
@@ -23,7 +25,17 @@ def local_adam(
   *,
   sync_every: Any,
   axis_name: str | None = None,
-  **options: Any,
+  b1: float = low_rank_lib.LowRankOptions.b1,
+  b2: float = low_rank_lib.LowRankOptions.b2,
+  eps: float = low_rank_lib.LowRankOptions.eps,
+  weight_decay: float = options_lib.LocalOptions.weight_decay,
+  compression: str | None = round_options_lib.RoundOptions.compression,
+  fragments: Any = round_options_lib.RoundOptions.fragments,
+  fault_tolerant: bool = round_options_lib.RoundOptions.fault_tolerant,
+  overlap: Any = round_options_lib.RoundOptions.overlap,
+  merge: str | None = round_options_lib.RoundOptions.merge,
+  merge_alpha: float = round_options_lib.RoundOptions.merge_alpha,
+  offload: bool = round_options_lib.RoundOptions.offload,
 ) -> optax.GradientTransformationExtraArgs:
   r"""Local Adam: local AdamW steps; params and both moments averaged every K steps.
 
@@ -58,7 +70,7 @@ def local_adam(
     <https://arxiv.org/abs/2505.22549>`_, 2025 (Local Adam averages both moments).
   """
   who = "local_adam"
-  adam, round_options = _split(who, options)
+  adam, round_options = _split(who, locals())
   return sync_lib.synchronize(
     local_step.adamw(learning_rate, **adam),
     moment_decays=(adam["b1"], adam["b2"]),
@@ -75,7 +87,7 @@ def _split(who: str, options: dict[str, Any]) -> tuple[dict, dict]:
   """``options`` as (AdamW's, checked; the round's)."""
   options_lib.check_adam(who, options)
   adam = {k.name: options[k.name] for k in options_lib.ADAM}
-  return adam, options_lib.round_options(options)
+  return adam, keywords.given(options, options_lib.ROUND)
 
 
 def _period_in_syncs(who: str, name: str, steps, sync_every: int) -> int:
@@ -97,7 +109,17 @@ def desloc(
   first_moment_every: int | None = None,
   second_moment_every: int | None = None,
   axis_name: str | None = None,
-  **options: Any,
+  b1: float = low_rank_lib.LowRankOptions.b1,
+  b2: float = low_rank_lib.LowRankOptions.b2,
+  eps: float = low_rank_lib.LowRankOptions.eps,
+  weight_decay: float = options_lib.LocalOptions.weight_decay,
+  compression: str | None = round_options_lib.RoundOptions.compression,
+  fragments: Any = round_options_lib.RoundOptions.fragments,
+  fault_tolerant: bool = round_options_lib.RoundOptions.fault_tolerant,
+  overlap: Any = round_options_lib.RoundOptions.overlap,
+  merge: str | None = round_options_lib.RoundOptions.merge,
+  merge_alpha: float = round_options_lib.RoundOptions.merge_alpha,
+  offload: bool = round_options_lib.RoundOptions.offload,
 ) -> optax.GradientTransformationExtraArgs:
   r"""DES-LOC: local AdamW with independent periods for params and each moment.
 
@@ -137,7 +159,7 @@ def desloc(
   """
   who = "desloc"
   checks.positive_int(who, "sync_every", sync_every)
-  adam, round_options = _split(who, options)
+  adam, round_options = _split(who, locals())
   if first_moment_every is None:
     first_moment_every = 3 * sync_every
   if second_moment_every is None:
@@ -165,7 +187,17 @@ def diloco(
   outer_learning_rate: float = 0.7,
   outer_momentum: float = 0.9,
   nesterov: bool = True,
-  **options: Any,
+  b1: float = low_rank_lib.LowRankOptions.b1,
+  b2: float = low_rank_lib.LowRankOptions.b2,
+  eps: float = low_rank_lib.LowRankOptions.eps,
+  weight_decay: float = options_lib.LocalOptions.weight_decay,
+  compression: str | None = round_options_lib.RoundOptions.compression,
+  fragments: Any = round_options_lib.RoundOptions.fragments,
+  fault_tolerant: bool = round_options_lib.RoundOptions.fault_tolerant,
+  overlap: Any = round_options_lib.RoundOptions.overlap,
+  merge: str | None = round_options_lib.RoundOptions.merge,
+  merge_alpha: float = round_options_lib.RoundOptions.merge_alpha,
+  offload: bool = round_options_lib.RoundOptions.offload,
 ) -> optax.GradientTransformationExtraArgs:
   r"""DiLoCo: local AdamW, an outer Nesterov SGD on the averaged pseudo-gradient.
 
@@ -207,7 +239,7 @@ def diloco(
   checks.positive(who, "outer_learning_rate", outer_learning_rate)
   checks.in_interval(who, "outer_momentum", outer_momentum, 0.0, 1.0, closed_high=False)
   checks.one_of(who, "nesterov", nesterov, (True, False))
-  adam, round_options = _split(who, options)
+  adam, round_options = _split(who, locals())
   outer = optax.sgd(outer_learning_rate, momentum=outer_momentum, nesterov=nesterov)
   return sync_lib.synchronize(
     local_step.adamw(learning_rate, **adam),

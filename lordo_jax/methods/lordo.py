@@ -11,8 +11,10 @@ import optax
 
 from lordo_jax import _checks as checks
 from lordo_jax import _keywords as keywords
+from lordo_jax.local import _low_rank_adam as low_rank_lib
 from lordo_jax.methods import local_step
 from lordo_jax.methods import options as options_lib
+from lordo_jax.round import _round_options as round_options_lib
 from lordo_jax.round import _synchronize as sync_lib
 
 INIT_PROJECTIONS = ("gradient", "random")
@@ -33,8 +35,7 @@ def with_projection(options: dict[str, Any]) -> dict[str, Any]:
   options_lib.basics("sync_every", "axis_name", "outer_optimizer"),
   options_lib.LOW_RANK,
   options_lib.ROUND,
-  omega=0.7,
-  projection=None,
+  overrides=("omega", "projection"),
 )
 def lordo(
   learning_rate: optax.ScalarOrSchedule,
@@ -46,7 +47,34 @@ def lordo(
   outer_optimizer: optax.GradientTransformation | None = None,
   sync_moments_every: int | None = None,
   seed: int | None = None,
-  **options: Any,
+  omega: float = 0.7,
+  mu: float = low_rank_lib.LowRankOptions.full_rank_rescale,
+  b1: float = low_rank_lib.LowRankOptions.b1,
+  b2: float = low_rank_lib.LowRankOptions.b2,
+  eps: float = low_rank_lib.LowRankOptions.eps,
+  projection: str | None = None,
+  side: str = low_rank_lib.LowRankOptions.side,
+  transport: str = low_rank_lib.LowRankOptions.transport,
+  error_feedback: bool = low_rank_lib.LowRankOptions.error_feedback,
+  error_feedback_dtype: Any = low_rank_lib.LowRankOptions.error_feedback_dtype,
+  full_rank_scale: str = low_rank_lib.LowRankOptions.full_rank_scale,
+  full_rank_numerator: str = low_rank_lib.LowRankOptions.full_rank_numerator,
+  qh_nu: float = low_rank_lib.LowRankOptions.qh_nu,
+  low_rank_term: str = low_rank_lib.LowRankOptions.low_rank_term,
+  subspace_iterations: int | None = low_rank_lib.LowRankOptions.subspace_iterations,
+  two_sided: bool = low_rank_lib.LowRankOptions.two_sided,
+  oversample: int | None = low_rank_lib.LowRankOptions.oversample,
+  power_iterations: int | None = low_rank_lib.LowRankOptions.power_iterations,
+  weight_decay: float = options_lib.LocalOptions.weight_decay,
+  full_rank_nu: float = options_lib.LocalOptions.full_rank_nu,
+  low_rank_labels: Any = options_lib.LocalOptions.low_rank_labels,
+  compression: str | None = round_options_lib.RoundOptions.compression,
+  fragments: Any = round_options_lib.RoundOptions.fragments,
+  fault_tolerant: bool = round_options_lib.RoundOptions.fault_tolerant,
+  overlap: Any = round_options_lib.RoundOptions.overlap,
+  merge: str | None = round_options_lib.RoundOptions.merge,
+  merge_alpha: float = round_options_lib.RoundOptions.merge_alpha,
+  offload: bool = round_options_lib.RoundOptions.offload,
 ) -> optax.GradientTransformationExtraArgs:
   r"""LoRDO: low-rank Adam with infrequent synchronisation and a full-rank QH term.
 
@@ -106,7 +134,8 @@ def lordo(
     Communication <https://arxiv.org/abs/2602.04396>`_, ICML 2026.
   """
   who = "lordo"
-  keywords_given = with_projection(dict(options, rank=rank))
+  arguments = dict(locals())
+  keywords_given = with_projection(keywords.given(arguments, options_lib.LOW_RANK))
   step_options, local_options = options_lib.low_rank_step(who, keywords_given)
   sync_moments_every = 1 if sync_moments_every is None else sync_moments_every
   checks.positive_int(who, "sync_moments_every", sync_moments_every)
@@ -130,7 +159,7 @@ def lordo(
     init_projection="gradient" if init_projection == "gradient" else None,
     moment_decays=(step_options.b1, step_options.b2),
     name=who,
-    **options_lib.round_options(options),
+    **keywords.given(arguments, options_lib.ROUND),
   )
 
 
@@ -138,8 +167,7 @@ def lordo(
   options_lib.basics("sync_every", "axis_name", "outer_optimizer"),
   options_lib.LOW_RANK,
   options_lib.ROUND,
-  omega=0.7,
-  projection=None,
+  overrides=("omega", "projection"),
 )
 def lordo_local_projection(
   learning_rate: optax.ScalarOrSchedule,
@@ -148,7 +176,34 @@ def lordo_local_projection(
   sync_every: Any,
   axis_name: str | None = None,
   outer_optimizer: optax.GradientTransformation | None = None,
-  **options: Any,
+  omega: float = 0.7,
+  mu: float = low_rank_lib.LowRankOptions.full_rank_rescale,
+  b1: float = low_rank_lib.LowRankOptions.b1,
+  b2: float = low_rank_lib.LowRankOptions.b2,
+  eps: float = low_rank_lib.LowRankOptions.eps,
+  projection: str | None = None,
+  side: str = low_rank_lib.LowRankOptions.side,
+  transport: str = low_rank_lib.LowRankOptions.transport,
+  error_feedback: bool = low_rank_lib.LowRankOptions.error_feedback,
+  error_feedback_dtype: Any = low_rank_lib.LowRankOptions.error_feedback_dtype,
+  full_rank_scale: str = low_rank_lib.LowRankOptions.full_rank_scale,
+  full_rank_numerator: str = low_rank_lib.LowRankOptions.full_rank_numerator,
+  qh_nu: float = low_rank_lib.LowRankOptions.qh_nu,
+  low_rank_term: str = low_rank_lib.LowRankOptions.low_rank_term,
+  subspace_iterations: int | None = low_rank_lib.LowRankOptions.subspace_iterations,
+  two_sided: bool = low_rank_lib.LowRankOptions.two_sided,
+  oversample: int | None = low_rank_lib.LowRankOptions.oversample,
+  power_iterations: int | None = low_rank_lib.LowRankOptions.power_iterations,
+  weight_decay: float = options_lib.LocalOptions.weight_decay,
+  full_rank_nu: float = options_lib.LocalOptions.full_rank_nu,
+  low_rank_labels: Any = options_lib.LocalOptions.low_rank_labels,
+  compression: str | None = round_options_lib.RoundOptions.compression,
+  fragments: Any = round_options_lib.RoundOptions.fragments,
+  fault_tolerant: bool = round_options_lib.RoundOptions.fault_tolerant,
+  overlap: Any = round_options_lib.RoundOptions.overlap,
+  merge: str | None = round_options_lib.RoundOptions.merge,
+  merge_alpha: float = round_options_lib.RoundOptions.merge_alpha,
+  offload: bool = round_options_lib.RoundOptions.offload,
 ) -> optax.GradientTransformationExtraArgs:
   r"""LoRDO ablation: each worker projects with its own gradient; moments stay local.
 
@@ -186,7 +241,8 @@ def lordo_local_projection(
     projection ablation).
   """
   who = "lordo_local_projection"
-  keywords_given = with_projection(dict(options, rank=rank))
+  arguments = dict(locals())
+  keywords_given = with_projection(keywords.given(arguments, options_lib.LOW_RANK))
   step_options, local_options = options_lib.low_rank_step(who, keywords_given)
   low_rank, local_optimizer = local_step.low_rank_adamw(
     step_options, local_options, learning_rate, who=who, init_projection="external"
@@ -202,17 +258,53 @@ def lordo_local_projection(
     init_projection="gradient",
     projection_source="local_gradient",
     name=who,
-    **options_lib.round_options(options),
+    **keywords.given(arguments, options_lib.ROUND),
   )
 
 
-@keywords.like(lordo, without=("omega",))
+@keywords.takes(
+  options_lib.basics("sync_every", "axis_name", "outer_optimizer"),
+  keywords.without(options_lib.LOW_RANK, "omega"),
+  options_lib.ROUND,
+  overrides=("projection",),
+)
 def lordo_global_projection_only(
   learning_rate: optax.ScalarOrSchedule,
   *,
   rank: int,
   sync_every: Any,
-  **options: Any,
+  axis_name: str | None = None,
+  init_projection: str = "gradient",
+  outer_optimizer: optax.GradientTransformation | None = None,
+  sync_moments_every: int | None = None,
+  seed: int | None = None,
+  mu: float = low_rank_lib.LowRankOptions.full_rank_rescale,
+  b1: float = low_rank_lib.LowRankOptions.b1,
+  b2: float = low_rank_lib.LowRankOptions.b2,
+  eps: float = low_rank_lib.LowRankOptions.eps,
+  projection: str | None = None,
+  side: str = low_rank_lib.LowRankOptions.side,
+  transport: str = low_rank_lib.LowRankOptions.transport,
+  error_feedback: bool = low_rank_lib.LowRankOptions.error_feedback,
+  error_feedback_dtype: Any = low_rank_lib.LowRankOptions.error_feedback_dtype,
+  full_rank_scale: str = low_rank_lib.LowRankOptions.full_rank_scale,
+  full_rank_numerator: str = low_rank_lib.LowRankOptions.full_rank_numerator,
+  qh_nu: float = low_rank_lib.LowRankOptions.qh_nu,
+  low_rank_term: str = low_rank_lib.LowRankOptions.low_rank_term,
+  subspace_iterations: int | None = low_rank_lib.LowRankOptions.subspace_iterations,
+  two_sided: bool = low_rank_lib.LowRankOptions.two_sided,
+  oversample: int | None = low_rank_lib.LowRankOptions.oversample,
+  power_iterations: int | None = low_rank_lib.LowRankOptions.power_iterations,
+  weight_decay: float = options_lib.LocalOptions.weight_decay,
+  full_rank_nu: float = options_lib.LocalOptions.full_rank_nu,
+  low_rank_labels: Any = options_lib.LocalOptions.low_rank_labels,
+  compression: str | None = round_options_lib.RoundOptions.compression,
+  fragments: Any = round_options_lib.RoundOptions.fragments,
+  fault_tolerant: bool = round_options_lib.RoundOptions.fault_tolerant,
+  overlap: Any = round_options_lib.RoundOptions.overlap,
+  merge: str | None = round_options_lib.RoundOptions.merge,
+  merge_alpha: float = round_options_lib.RoundOptions.merge_alpha,
+  offload: bool = round_options_lib.RoundOptions.offload,
 ) -> optax.GradientTransformationExtraArgs:
   r"""LoRDO ablation without the full-rank term: :func:`lordo` with ``omega = 1``.
 
@@ -225,10 +317,10 @@ def lordo_global_projection_only(
   quasi-hyperbolic term. Communication: as :func:`lordo`.
 
   Args:
-    learning_rate: a float or an optax schedule.
-    rank: r.
-    sync_every: K.
-    **options: any other keyword argument of :func:`lordo` except ``omega``.
+    {options}
+    init_projection: as :func:`lordo`'s.
+    sync_moments_every: as :func:`lordo`'s.
+    seed: as :func:`lordo`'s.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``; its ``update`` needs params.
@@ -246,9 +338,4 @@ def lordo_global_projection_only(
     Communication <https://arxiv.org/abs/2602.04396>`_, ICML 2026 (the global
     projection ablation).
   """
-  if "omega" in options:
-    raise ValueError(
-      f"lordo_global_projection_only: omega={options['omega']!r} is not accepted; "
-      "this ablation fixes omega=1. Use lordo_jax.lordo(..., omega=...) instead."
-    )
-  return lordo(learning_rate, rank=rank, sync_every=sync_every, omega=1.0, **options)
+  return lordo(**locals(), omega=1.0)

@@ -68,18 +68,12 @@ def low_rank_step(
 ) -> tuple[low_rank_lib.LowRankOptions, LocalOptions]:
   """A method's low-rank step and the local options around it, from its keywords.
 
-  The step is checked by the primitive's own check
-  (:func:`lordo_jax.local._low_rank_adam.check_options`), in ``who``'s name; here only
+  The step's own options are checked once, where the step is built
+  (:func:`lordo_jax.local._low_rank_adam.check_options`, in ``who``'s name); here only
   what the method adds: ``full_rank_nu`` in [0, 1] and ``weight_decay`` >= 0.
   """
   step = keywords.build(low_rank_lib.LowRankOptions, options)
   local = keywords.build(LocalOptions, options)
-  low_rank_lib.check_options(who, step)
   checks.in_interval(who, "full_rank_nu", local.full_rank_nu, 0.0, 1.0, closed_high=True)
   checks.non_negative(who, "weight_decay", local.weight_decay)
   return step, local
-
-
-def round_options(options: dict[str, Any]) -> dict[str, Any]:
-  """The :data:`ROUND` keywords among a method's ``options``, for ``synchronize``."""
-  return {k.name: options[k.name] for k in ROUND}

@@ -17,7 +17,8 @@ class RoundBasics:
 
   sync_every: Any = keywords.option(
     "K, local steps per round; or a function of the step giving each round's length "
-    "(e.g. :func:`lordo_jax.quadratic_sync_rule`)."
+    "(e.g. :func:`lordo_jax.quadratic_sync_rule`).",
+    static=True,
   )
   axis_name: str | None = keywords.option(
     "the worker axis (``jax.shard_map`` mesh axis or ``jax.pmap`` axis name); ``None`` "
@@ -49,6 +50,7 @@ class RoundOptions:
     "function of the params returning a tree of fragment indices (0 to F - 1, each "
     "index used). ``None`` or 1: no streaming.",
     None,
+    static=True,
   )
   fault_tolerant: bool = keywords.option(
     "skip non-finite local steps and average only over the workers present at a sync "

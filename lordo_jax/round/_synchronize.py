@@ -141,7 +141,13 @@ def synchronize(
   projection_source: str = "pseudo_gradient",
   moment_decays: tuple[float, float] | None = None,
   name: str = "synchronize",
-  **options: Any,
+  compression: str | None = RoundOptions.compression,
+  fragments: Any = RoundOptions.fragments,
+  fault_tolerant: bool = RoundOptions.fault_tolerant,
+  overlap: Any = RoundOptions.overlap,
+  merge: str | None = RoundOptions.merge,
+  merge_alpha: float = RoundOptions.merge_alpha,
+  offload: bool = RoundOptions.offload,
 ) -> optax.GradientTransformationExtraArgs:
   r"""Local steps with ``inner``, a synchronisation at the end of every round.
 
@@ -246,7 +252,7 @@ def synchronize(
     (arXiv 2505.22549); Jovanović et al., LoRDO, 2026 (arXiv 2602.04396); Douillard
     et al., Streaming DiLoCo, 2025 (arXiv 2501.18512).
   """
-  r = keywords.build(RoundOptions, options)
+  r = keywords.build(RoundOptions, locals())
   compression, fault_tolerant = r.compression, r.fault_tolerant
   moment_periods = (first_moment_every, second_moment_every)
   fragments = _check_options(

@@ -563,10 +563,6 @@ def test_without_the_full_rank_term_the_subspace_never_moves(method, moves):
     (lambda: lordo_jax.local_adam(1e-3, sync_every=2, b1=1.0), "b1=1.0"),
     (lambda: lordo_jax.ddp(1e-3, weight_decay=-1.0), "weight_decay=-1.0"),
     (
-      lambda: lordo_jax.lordo_global_projection_only(1e-3, rank=2, sync_every=2, omega=0.5),
-      "omega=0.5",
-    ),
-    (
       lambda: lordo_jax.lordo_local_projection(1e-3, rank=2, sync_every=2, transport="spin"),
       "transport='spin'",
     ),
