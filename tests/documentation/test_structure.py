@@ -212,6 +212,33 @@ def test_a_refresh_at_a_sync_reaches_the_projection_method_in_at_most_6_calls(mo
   assert layers == sorted(layers, reverse=True), route
 
 
+def test_building_lordo_reaches_the_projection_method_in_at_most_5_calls(monkeypatch):
+  """From the call ``lordo(...)`` (its keyword check included) to the function that makes
+  the SVD method, the route a reader follows through the build in at most 5 calls, never
+  back up the layers (it was 8 when the options travelled as ``**options``)."""
+  import inspect
+
+  import lordo_jax
+  from lordo_jax.local import bases
+
+  routes, make = [], bases.ONE_SIDED["svd"]
+
+  def recorded(*args, **kwargs):
+    frames = [f for f in inspect.stack() if str(PACKAGE) in f.filename][::-1]
+    where = lambda f: pathlib.Path(f.filename).relative_to(PACKAGE).with_suffix("")  # noqa: E731
+    routes.append([f"{where(f).as_posix()}.{f.function}" for f in frames])
+    return make(*args, **kwargs)
+
+  monkeypatch.setitem(bases.ONE_SIDED, "svd", recorded)
+  lordo_jax.lordo(1e-2, rank=2, sync_every=4, projection="svd")
+  (route,) = routes
+  assert route[0] == "_keywords.wrapper" and route[1] == "methods/lordo.lordo", route
+  assert route[-1] == "local/bases/__init__.method", route
+  assert len(route) <= 5, route  # the calls: each frame, and the projection's own method
+  layers = [LAYER_ORDER.index(frame.split("/")[0]) for frame in route[1:]]
+  assert layers == sorted(layers, reverse=True), route
+
+
 MAX_MODULE_DOCSTRING_LINES = 10
 
 
