@@ -9,8 +9,8 @@ bases (``bases/``, one file per projection method, with their function-level API
 from lordo_jax.local._low_rank_adam import LowRankAdam
 from lordo_jax.local._low_rank_adam import LowRankAdamState
 from lordo_jax.local._low_rank_adam import LowRankMoments
-from lordo_jax.local._low_rank_adam import LowRankOptions
 from lordo_jax.local._low_rank_adam import scale_by_low_rank_adam
+from lordo_jax.local._low_rank_options import LowRankOptions
 from lordo_jax.local._precision import in_float32
 from lordo_jax.local._projection import DCTBasis
 from lordo_jax.local._projection import compute_projection

@@ -8,7 +8,6 @@ pseudo-gradient through :attr:`LowRankAdam.refresh`, and low-rank DDP averages
 between its pieces (:mod:`lordo_jax.comm._projected_mean`).
 """
 
-import dataclasses
 import functools
 import math
 from collections.abc import Callable
@@ -23,19 +22,15 @@ from lordo_jax import _checks as checks
 from lordo_jax import _keywords as keywords
 from lordo_jax import _sharded as sharded
 from lordo_jax import _tree_structure as state_structure
+from lordo_jax.local import _low_rank_options as low_rank_options
+from lordo_jax.local import _moment_transport as moment_transport
 from lordo_jax.local import _routing as routing
 from lordo_jax.local import _shape_groups as shape_groups
 from lordo_jax.local import bases as bases_lib
-from lordo_jax.local._quasi_hyperbolic import FULL_RANK_SCALES
 from lordo_jax.local._quasi_hyperbolic import qh_momentum
 from lordo_jax.local._quasi_hyperbolic import quasi_hyperbolic_mix
 
-TRANSPORTS = ("rotate", "keep", "reset")
-SIDES = ("auto", "left", "right", "galore_std")
-FULL_RANK_NUMERATORS = ("gradient", "error_fed")
-LOW_RANK_TERMS = ("adam", "momentum")
 INIT_PROJECTIONS = ("gradient", "random", "external")
-ERROR_FEEDBACK_DTYPES = ("float32", "bfloat16")
 
 
 class LowRankMoments(NamedTuple):
@@ -89,123 +84,6 @@ class LowRankAdam(NamedTuple):
   step: Callable[[Any, "LowRankAdamState", "Projected"], tuple[Any, "LowRankAdamState"]]
 
 
-def check_projection(
-  who: str, projection: str, *, two_sided: bool, side: str, full_rank_scale: str
-) -> None:
-  """The projection options, checked together: one-sided methods, or two-sided ones."""
-  if not two_sided:
-    checks.one_of(who, "projection", projection, tuple(bases_lib.ONE_SIDED))
-    return
-  checks.one_of(who, "projection", projection, tuple(bases_lib.TWO_SIDED))
-  if side != "auto":
-    raise ValueError(
-      f"{who}: side={side!r} is not accepted with two_sided=True; expected 'auto' "
-      "(two-sided projection works on both sides of every matrix)."
-    )
-  if full_rank_scale != "scalar":
-    raise ValueError(
-      f"{who}: full_rank_scale={full_rank_scale!r} is not accepted with "
-      "two_sided=True; expected 'scalar' (the r x r core has no row or column of "
-      "the matrix to take a vector scale from)."
-    )
-
-
-def check_step(
-  who: str,
-  *,
-  side: str,
-  qh_nu,
-  low_rank_term: str,
-  full_rank_numerator: str,
-  error_feedback: bool,
-) -> None:
-  """The step's options: ``side``, ``qh_nu`` in [0, 1], the terms' kinds; an error-fed
-  full-rank numerator needs error feedback."""
-  checks.one_of(who, "side", side, SIDES)
-  checks.in_interval(who, "qh_nu", qh_nu, 0.0, 1.0, closed_high=True)
-  checks.one_of(who, "low_rank_term", low_rank_term, LOW_RANK_TERMS)
-  checks.one_of(who, "full_rank_numerator", full_rank_numerator, FULL_RANK_NUMERATORS)
-  if full_rank_numerator == "error_fed" and not error_feedback:
-    raise ValueError(
-      f"{who}: full_rank_numerator='error_fed' is not accepted with "
-      f"error_feedback={error_feedback!r}; its numerator G + E needs the error buffer E. "
-      "Set error_feedback=True, or use full_rank_numerator='gradient'."
-    )
-
-
-def check_options(who: str, o: "LowRankOptions") -> None:
-  r"""Every option of the low-rank step, checked once; ``who`` names the caller.
-
-  ``rank`` an int :math:`\ge 1`; :math:`\omega, \nu_{qh} \in [0, 1]`, :math:`\mu > 0`,
-  :math:`\beta_1, \beta_2 \in [0, 1)`, :math:`\epsilon \ge 0`; every string option
-  among its kinds (:func:`check_step`, :func:`check_projection`); the randomized
-  sketch's sizes :math:`\ge 0`. Arrays (from ``optax.inject_hyperparams``) are
-  checked when known.
-  """
-  checks.positive_int(who, "rank", o.rank)
-  checks.positive_int(who, "subspace_iterations", o.subspace_iterations, optional=True)
-  checks.in_interval(who, "omega", o.omega, 0.0, 1.0, closed_high=True)
-  checks.positive(who, "mu", o.full_rank_rescale)
-  checks.in_interval(who, "b1", o.b1, 0.0, 1.0, closed_high=False)
-  checks.in_interval(who, "b2", o.b2, 0.0, 1.0, closed_high=False)
-  checks.non_negative(who, "eps", o.eps)
-  check_step(
-    who,
-    side=o.side,
-    qh_nu=o.qh_nu,
-    low_rank_term=o.low_rank_term,
-    full_rank_numerator=o.full_rank_numerator,
-    error_feedback=o.error_feedback,
-  )
-  checks.one_of(who, "transport", o.transport, TRANSPORTS)
-  checks.one_of(who, "full_rank_scale", o.full_rank_scale, FULL_RANK_SCALES)
-  check_projection(
-    who, o.projection, two_sided=o.two_sided, side=o.side, full_rank_scale=o.full_rank_scale
-  )
-  checks.positive_int(who, "oversample", o.oversample, optional=True, minimum=0)
-  checks.positive_int(who, "power_iterations", o.power_iterations, optional=True, minimum=0)
-  checks.one_of(
-    who, "error_feedback_dtype", dtype_name(o.error_feedback_dtype), ERROR_FEEDBACK_DTYPES
-  )
-
-
-def dtype_name(dtype: Any) -> str:
-  """A dtype's name (``"float32"``), from a name or a dtype object."""
-  return dtype if isinstance(dtype, str) else jnp.dtype(dtype).name
-
-
-def rotate_moments(strategy: bases_lib.BasisStrategy, mu, nu, new_basis, old_basis, count, b1, b2):
-  r"""LDAdam's moment transport into a new basis (MATH.md §4, step 6).
-
-  .. math::
-    R = \mathrm{change\_of\_basis}(Q_\text{new}, Q_\text{old}), \quad
-    \hat m = \frac{u}{1 - \beta_1^t}, \quad \hat v = \frac{v}{1 - \beta_2^t}, \quad
-    u' = R u, \quad
-    v' = (1 - \beta_2^t)\,\bigl|(R \odot R) \max(\hat v - \hat m^2, 0)
-      + (R \hat m)^2\bigr|
-
-  where "R applied" is the strategy's ``carry`` (``R x`` on the left, ``x R^T`` on
-  the right, :math:`R_U x R_V^\top` two-sided); R is exactly 0/1 for two DCT bases.
-  """
-  rotation = strategy.change_of_basis(new_basis, old_basis)
-  if strategy.side == "right":  # The left case of the transposes (the same products).
-    transposed = jnp.matrix_transpose
-    mu, nu = _rotated(lambda r, x: r @ x, rotation, transposed(mu), transposed(nu), count, b1, b2)
-    return transposed(mu), transposed(nu)
-  return _rotated(strategy.carry, rotation, mu, nu, count, b1, b2)
-
-
-def _rotated(carry, rotation, mu, nu, count, b1, b2):
-  """:func:`rotate_moments` with R applied by ``carry``."""
-  squared = jax.tree.map(lambda r: r * r, rotation)
-  first_correction = 1 - b1**count
-  second_correction = 1 - b2**count
-  mean = mu / first_correction
-  variance = jnp.maximum(nu / second_correction - mean**2, 0.0)
-  new_second = jnp.abs(carry(squared, variance) + carry(rotation, mean) ** 2)
-  return carry(rotation, mu), new_second * second_correction
-
-
 def _is_node(x) -> bool:
   return isinstance(x, (LowRankMoments, optax.MaskedNode))
 
@@ -232,107 +110,10 @@ def _unlisted(moments, entries: list):
   return map_matrices(lambda m: next(entries), moments)
 
 
-@dataclasses.dataclass(frozen=True)
-class LowRankOptions:
-  """The options of the low-rank Adam step (MATH.md §3), written and checked once.
-
-  :func:`scale_by_low_rank_adam`, :func:`lordo_jax.lordo`, its ablations and
-  :func:`lordo_jax.low_rank_ddp` take these as keywords (their signatures and Args
-  text come from here, :mod:`lordo_jax._keywords`); :func:`check_options` checks them.
-  """
-
-  rank: int = keywords.option("r, the dimension of each matrix's subspace.", static=True)
-  omega: float = keywords.option(
-    "weight of the low-rank term of the quasi-hyperbolic mix; 1 is plain low-rank Adam "
-    "(GaLore), with no full-rank term.",
-    1.0,
-  )
-  full_rank_rescale: float = keywords.option(
-    "rescaling of the full-rank term ``G / (mu s)``.", 1.0, keyword="mu"
-  )
-  b1: float = keywords.option("Adam's first-moment decay.", 0.9)
-  b2: float = keywords.option("Adam's second-moment decay.", 0.999)
-  eps: float = keywords.option("Adam's denominator offset.", 1e-8)
-  projection: str = keywords.option(
-    "how each basis is refreshed (MATH.md §5), batched over the matrices of one shape: "
-    '``"subspace_iteration"`` (LoRDO\'s, for ``None``: products and ``r x r`` Cholesky '
-    "factorizations, warm-started; on any hardware, and the one for GPUs and TPUs: 34 ms "
-    "for GPT-2 small's 48 matrices on an H200, its first basis an SVD), "
-    "``\"svd\"`` (low-rank DDP's default, GaLore's: exact, but 100x that on a GPU, "
-    "whose solver library decomposes one matrix at a time; on CPU 3x), "
-    '``"randomized_svd"`` (sketches: workers average sketches instead of matrices; '
-    '8.5x on a GPU) or ``"dct"`` (no factorization, 0.2x, but trains worse); with '
-    '``two_sided=True``, ``"svd"`` (LoRDO\'s, for ``None``) or ``"randomized_svd"``.',
-    "svd",
-  )
-  side: str = keywords.option(
-    '``"auto"`` (moments on the smaller dimension: left when p >= q), ``"left"``, '
-    '``"right"``, or ``"galore_std"`` (moments on the larger dimension, as GaLore\'s '
-    'standard projection); ``"auto"`` when two-sided.',
-    "auto",
-  )
-  transport: str = keywords.option(
-    'the moments at a refresh: ``"rotate"`` (LDAdam, MATH.md §4.6), ``"keep"`` '
-    '(GaLore) or ``"reset"``.',
-    "rotate",
-  )
-  error_feedback: bool = keywords.option(
-    "keep the projection residual ``E = A - Q Q^T A`` (two-sided: ``A - U C V^T``) and "
-    "feed it back (off by default, MATH.md §3 says why).",
-    False,
-  )
-  error_feedback_dtype: Any = keywords.option(
-    '``"float32"`` or ``"bfloat16"`` (half the memory): the dtype of E. A name, not a '
-    "dtype object, so that ``optax.inject_hyperparams`` leaves it alone.",
-    "float32",
-  )
-  full_rank_scale: str = keywords.option(
-    '``"scalar"`` or ``"vector"``: how the full-rank term\'s ``s`` is taken from D.',
-    "scalar",
-  )
-  full_rank_numerator: str = keywords.option(
-    '``"gradient"`` (G) or ``"error_fed"`` (G + E, E the error buffer before the step: '
-    "the LoRDO authors' full-rank term; needs ``error_feedback=True``).",
-    "gradient",
-  )
-  qh_nu: float = keywords.option(
-    "QHAdam inside the projection, ``L = Q ((1 - nu) c + nu u_hat) / D``; 1 is Adam.",
-    1.0,
-  )
-  low_rank_term: str = keywords.option(
-    '``"adam"`` (``Q u_hat / D``) or ``"momentum"`` (``Q u_hat``, the update the LoRDO '
-    "authors' code applies; for replication only, ``docs/FIDELITY.md``).",
-    "adam",
-  )
-  subspace_iterations: int | None = keywords.option(
-    'steps of warm-started subspace iteration per refresh with ``"subspace_iteration"`` '
-    "(``None``: 2).",
-    None,
-    static=True,
-  )
-  two_sided: bool = keywords.option(
-    "project on both sides (TSR-Adam, MATH.md §5): the "
-    "moments and their messages are ``r x r`` cores.",
-    False,
-  )
-  oversample: int | None = keywords.option(
-    'extra sketch columns of ``"randomized_svd"`` (``None``: 8).', None, static=True
-  )
-  power_iterations: int | None = keywords.option(
-    'power iterations of ``"randomized_svd"`` (``None``: 1; each costs two more '
-    "products with the matrix, and two more averages when distributed).",
-    None,
-    static=True,
-  )
-
-
-STEP_KEYWORDS = keywords.of(LowRankOptions)
-
-
 class _Config(NamedTuple):
   """One :func:`scale_by_low_rank_adam`: its step's options, refresh policy and method."""
 
-  step: LowRankOptions
+  step: low_rank_options.LowRankOptions
   refresh_every: int | None
   init_projection: str
   seed: int
@@ -456,7 +237,9 @@ def _transported(c: _Config, s, m: _Refreshed, basis, ok, count, first) -> _Refr
   new_mu, new_nu = m.mu, m.nu
   per_matrix = lambda flag: jnp.reshape(flag, jnp.shape(flag) + (1, 1))  # noqa: E731
   if c.step.transport == "rotate":
-    rotated = rotate_moments(s, m.mu, m.nu, basis, m.basis, count, c.step.b1, c.step.b2)
+    rotated = moment_transport.rotate_moments(
+      s, m.mu, m.nu, basis, m.basis, count, c.step.b1, c.step.b2
+    )
     unchanged = per_matrix(jnp.logical_or(first, ~ok))
     new_mu = jnp.where(unchanged, m.mu, rotated[0])
     new_nu = jnp.where(unchanged, m.nu, rotated[1])
@@ -679,14 +462,14 @@ def _update(c: _Config, updates, state, params=None):
   return _stepped(c, state, listed, _projected_by_group(c, listed))
 
 
-def _basis_options(step: LowRankOptions) -> bases_lib.Options:
+def _basis_options(step: low_rank_options.LowRankOptions) -> bases_lib.Options:
   """The step's options that :class:`~lordo_jax.local.bases.Options` has, by name
   (``None``: its default, written there)."""
   given = {name: getattr(step, name) for name in bases_lib.Options._fields}
   return bases_lib.Options(**{name: value for name, value in given.items() if value is not None})
 
 
-@keywords.takes(STEP_KEYWORDS)
+@keywords.takes(low_rank_options.STEP_KEYWORDS)
 def scale_by_low_rank_adam(
   rank: int,
   *,
@@ -694,24 +477,24 @@ def scale_by_low_rank_adam(
   init_projection: str = "gradient",
   seed: int | None = None,
   matrix_axes: Any = None,
-  omega: float = LowRankOptions.omega,
-  mu: float = LowRankOptions.full_rank_rescale,
-  b1: float = LowRankOptions.b1,
-  b2: float = LowRankOptions.b2,
-  eps: float = LowRankOptions.eps,
-  projection: str = LowRankOptions.projection,
-  side: str = LowRankOptions.side,
-  transport: str = LowRankOptions.transport,
-  error_feedback: bool = LowRankOptions.error_feedback,
-  error_feedback_dtype: Any = LowRankOptions.error_feedback_dtype,
-  full_rank_scale: str = LowRankOptions.full_rank_scale,
-  full_rank_numerator: str = LowRankOptions.full_rank_numerator,
-  qh_nu: float = LowRankOptions.qh_nu,
-  low_rank_term: str = LowRankOptions.low_rank_term,
-  subspace_iterations: int | None = LowRankOptions.subspace_iterations,
-  two_sided: bool = LowRankOptions.two_sided,
-  oversample: int | None = LowRankOptions.oversample,
-  power_iterations: int | None = LowRankOptions.power_iterations,
+  omega: float = low_rank_options.LowRankOptions.omega,
+  mu: float = low_rank_options.LowRankOptions.full_rank_rescale,
+  b1: float = low_rank_options.LowRankOptions.b1,
+  b2: float = low_rank_options.LowRankOptions.b2,
+  eps: float = low_rank_options.LowRankOptions.eps,
+  projection: str = low_rank_options.LowRankOptions.projection,
+  side: str = low_rank_options.LowRankOptions.side,
+  transport: str = low_rank_options.LowRankOptions.transport,
+  error_feedback: bool = low_rank_options.LowRankOptions.error_feedback,
+  error_feedback_dtype: Any = low_rank_options.LowRankOptions.error_feedback_dtype,
+  full_rank_scale: str = low_rank_options.LowRankOptions.full_rank_scale,
+  full_rank_numerator: str = low_rank_options.LowRankOptions.full_rank_numerator,
+  qh_nu: float = low_rank_options.LowRankOptions.qh_nu,
+  low_rank_term: str = low_rank_options.LowRankOptions.low_rank_term,
+  subspace_iterations: int | None = low_rank_options.LowRankOptions.subspace_iterations,
+  two_sided: bool = low_rank_options.LowRankOptions.two_sided,
+  oversample: int | None = low_rank_options.LowRankOptions.oversample,
+  power_iterations: int | None = low_rank_options.LowRankOptions.power_iterations,
 ) -> LowRankAdam:
   r"""Adam with its moments in a low-rank subspace of each matrix, plus the QH mix.
 
@@ -808,7 +591,7 @@ def scale_by_low_rank_adam(
   """
   return low_rank_adam(
     "scale_by_low_rank_adam",
-    keywords.build(LowRankOptions, locals()),
+    keywords.build(low_rank_options.LowRankOptions, locals()),
     refresh_every=refresh_every,
     init_projection=init_projection,
     seed=seed,
@@ -818,7 +601,7 @@ def scale_by_low_rank_adam(
 
 def low_rank_adam(
   who: str,
-  step: LowRankOptions,
+  step: low_rank_options.LowRankOptions,
   *,
   refresh_every: int | None,
   init_projection: str,
@@ -827,7 +610,7 @@ def low_rank_adam(
 ) -> LowRankAdam:
   """:func:`scale_by_low_rank_adam` from its options; every option checked, in ``who``'s
   name (the method that built them)."""
-  check_options(who, step)
+  low_rank_options.check_options(who, step)
   checks.one_of(who, "init_projection", init_projection, INIT_PROJECTIONS)
   c = _Config(
     step=step,

@@ -19,7 +19,7 @@ from lordo_jax import _keywords as keywords
 from lordo_jax.comm import _collectives as collectives
 from lordo_jax.comm import _compression as compression_lib
 from lordo_jax.comm import _projected_mean as projected_mean
-from lordo_jax.local import _low_rank_adam as low_rank_lib
+from lordo_jax.local import _low_rank_options as low_rank_options
 from lordo_jax.local import _routing as routing
 from lordo_jax.methods import local_step
 from lordo_jax.methods import options as options_lib
@@ -105,9 +105,9 @@ def ddp(
   *,
   axis_name: str | None = None,
   compression: str | None = None,
-  b1: float = low_rank_lib.LowRankOptions.b1,
-  b2: float = low_rank_lib.LowRankOptions.b2,
-  eps: float = low_rank_lib.LowRankOptions.eps,
+  b1: float = low_rank_options.LowRankOptions.b1,
+  b2: float = low_rank_options.LowRankOptions.b2,
+  eps: float = low_rank_options.LowRankOptions.eps,
   weight_decay: float = options_lib.LocalOptions.weight_decay,
 ) -> optax.GradientTransformation:
   r"""Data-parallel AdamW (DDP): the full gradient is averaged every step.
@@ -186,24 +186,24 @@ def low_rank_ddp(
   axis_name: str | None = None,
   communicate: str = "full",
   compression: str | None = None,
-  omega: float = low_rank_lib.LowRankOptions.omega,
-  mu: float = low_rank_lib.LowRankOptions.full_rank_rescale,
-  b1: float = low_rank_lib.LowRankOptions.b1,
-  b2: float = low_rank_lib.LowRankOptions.b2,
-  eps: float = low_rank_lib.LowRankOptions.eps,
-  projection: str = low_rank_lib.LowRankOptions.projection,
-  side: str = low_rank_lib.LowRankOptions.side,
+  omega: float = low_rank_options.LowRankOptions.omega,
+  mu: float = low_rank_options.LowRankOptions.full_rank_rescale,
+  b1: float = low_rank_options.LowRankOptions.b1,
+  b2: float = low_rank_options.LowRankOptions.b2,
+  eps: float = low_rank_options.LowRankOptions.eps,
+  projection: str = low_rank_options.LowRankOptions.projection,
+  side: str = low_rank_options.LowRankOptions.side,
   transport: str = "keep",
-  error_feedback: bool = low_rank_lib.LowRankOptions.error_feedback,
-  error_feedback_dtype: Any = low_rank_lib.LowRankOptions.error_feedback_dtype,
-  full_rank_scale: str = low_rank_lib.LowRankOptions.full_rank_scale,
-  full_rank_numerator: str = low_rank_lib.LowRankOptions.full_rank_numerator,
-  qh_nu: float = low_rank_lib.LowRankOptions.qh_nu,
-  low_rank_term: str = low_rank_lib.LowRankOptions.low_rank_term,
-  subspace_iterations: int | None = low_rank_lib.LowRankOptions.subspace_iterations,
-  two_sided: bool = low_rank_lib.LowRankOptions.two_sided,
-  oversample: int | None = low_rank_lib.LowRankOptions.oversample,
-  power_iterations: int | None = low_rank_lib.LowRankOptions.power_iterations,
+  error_feedback: bool = low_rank_options.LowRankOptions.error_feedback,
+  error_feedback_dtype: Any = low_rank_options.LowRankOptions.error_feedback_dtype,
+  full_rank_scale: str = low_rank_options.LowRankOptions.full_rank_scale,
+  full_rank_numerator: str = low_rank_options.LowRankOptions.full_rank_numerator,
+  qh_nu: float = low_rank_options.LowRankOptions.qh_nu,
+  low_rank_term: str = low_rank_options.LowRankOptions.low_rank_term,
+  subspace_iterations: int | None = low_rank_options.LowRankOptions.subspace_iterations,
+  two_sided: bool = low_rank_options.LowRankOptions.two_sided,
+  oversample: int | None = low_rank_options.LowRankOptions.oversample,
+  power_iterations: int | None = low_rank_options.LowRankOptions.power_iterations,
   weight_decay: float = options_lib.LocalOptions.weight_decay,
   full_rank_nu: float = options_lib.LocalOptions.full_rank_nu,
   low_rank_labels: Any = options_lib.LocalOptions.low_rank_labels,

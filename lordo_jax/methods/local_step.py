@@ -12,6 +12,7 @@ from collections.abc import Callable
 import optax
 
 from lordo_jax.local import _low_rank_adam as low_rank_lib
+from lordo_jax.local import _low_rank_options as low_rank_options
 from lordo_jax.local import _precision as precision
 from lordo_jax.local import _quasi_hyperbolic as quasi_hyperbolic
 from lordo_jax.local import _routing as routing
@@ -59,7 +60,7 @@ def full_rank_adam(b1, b2, eps, qh_nu=1.0) -> optax.GradientTransformation:
 
 
 def low_rank_adamw(
-  step: low_rank_lib.LowRankOptions,
+  step: low_rank_options.LowRankOptions,
   local: options_lib.LocalOptions,
   learning_rate: optax.ScalarOrSchedule,
   *,

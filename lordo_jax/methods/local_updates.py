@@ -12,7 +12,7 @@ import optax
 
 from lordo_jax import _checks as checks
 from lordo_jax import _keywords as keywords
-from lordo_jax.local import _low_rank_adam as low_rank_lib
+from lordo_jax.local import _low_rank_options as low_rank_options
 from lordo_jax.methods import local_step
 from lordo_jax.methods import options as options_lib
 from lordo_jax.round import _round_options as round_options_lib
@@ -25,9 +25,9 @@ def local_adam(
   *,
   sync_every: Any,
   axis_name: str | None = None,
-  b1: float = low_rank_lib.LowRankOptions.b1,
-  b2: float = low_rank_lib.LowRankOptions.b2,
-  eps: float = low_rank_lib.LowRankOptions.eps,
+  b1: float = low_rank_options.LowRankOptions.b1,
+  b2: float = low_rank_options.LowRankOptions.b2,
+  eps: float = low_rank_options.LowRankOptions.eps,
   weight_decay: float = options_lib.LocalOptions.weight_decay,
   compression: str | None = round_options_lib.RoundOptions.compression,
   fragments: Any = round_options_lib.RoundOptions.fragments,
@@ -109,9 +109,9 @@ def desloc(
   first_moment_every: int | None = None,
   second_moment_every: int | None = None,
   axis_name: str | None = None,
-  b1: float = low_rank_lib.LowRankOptions.b1,
-  b2: float = low_rank_lib.LowRankOptions.b2,
-  eps: float = low_rank_lib.LowRankOptions.eps,
+  b1: float = low_rank_options.LowRankOptions.b1,
+  b2: float = low_rank_options.LowRankOptions.b2,
+  eps: float = low_rank_options.LowRankOptions.eps,
   weight_decay: float = options_lib.LocalOptions.weight_decay,
   compression: str | None = round_options_lib.RoundOptions.compression,
   fragments: Any = round_options_lib.RoundOptions.fragments,
@@ -187,9 +187,9 @@ def diloco(
   outer_learning_rate: float = 0.7,
   outer_momentum: float = 0.9,
   nesterov: bool = True,
-  b1: float = low_rank_lib.LowRankOptions.b1,
-  b2: float = low_rank_lib.LowRankOptions.b2,
-  eps: float = low_rank_lib.LowRankOptions.eps,
+  b1: float = low_rank_options.LowRankOptions.b1,
+  b2: float = low_rank_options.LowRankOptions.b2,
+  eps: float = low_rank_options.LowRankOptions.eps,
   weight_decay: float = options_lib.LocalOptions.weight_decay,
   compression: str | None = round_options_lib.RoundOptions.compression,
   fragments: Any = round_options_lib.RoundOptions.fragments,

@@ -13,7 +13,7 @@ from typing import Any
 
 from lordo_jax import _checks as checks
 from lordo_jax import _keywords as keywords
-from lordo_jax.local import _low_rank_adam as low_rank_lib
+from lordo_jax.local import _low_rank_options as low_rank_options
 from lordo_jax.round import _round_options as round_options_lib
 
 
@@ -48,10 +48,10 @@ def basics(*names: str) -> tuple[keywords.Keyword, ...]:
   return keywords.of(Schedule) + keywords.of(round_options_lib.RoundBasics, *names)
 
 
-ADAM = keywords.of(low_rank_lib.LowRankOptions, "b1", "b2", "eps") + keywords.of(
+ADAM = keywords.of(low_rank_options.LowRankOptions, "b1", "b2", "eps") + keywords.of(
   LocalOptions, "weight_decay"
 )
-LOW_RANK = keywords.of(low_rank_lib.LowRankOptions) + keywords.of(LocalOptions)
+LOW_RANK = keywords.of(low_rank_options.LowRankOptions) + keywords.of(LocalOptions)
 ROUND = keywords.of(round_options_lib.RoundOptions)
 
 
@@ -65,14 +65,14 @@ def check_adam(who: str, options: dict[str, Any]) -> None:
 
 def low_rank_step(
   who: str, options: dict[str, Any]
-) -> tuple[low_rank_lib.LowRankOptions, LocalOptions]:
+) -> tuple[low_rank_options.LowRankOptions, LocalOptions]:
   """A method's low-rank step and the local options around it, from its keywords.
 
   The step's own options are checked once, where the step is built
-  (:func:`lordo_jax.local._low_rank_adam.check_options`, in ``who``'s name); here only
+  (:func:`lordo_jax.local._low_rank_options.check_options`, in ``who``'s name); here only
   what the method adds: ``full_rank_nu`` in [0, 1] and ``weight_decay`` >= 0.
   """
-  step = keywords.build(low_rank_lib.LowRankOptions, options)
+  step = keywords.build(low_rank_options.LowRankOptions, options)
   local = keywords.build(LocalOptions, options)
   checks.in_interval(who, "full_rank_nu", local.full_rank_nu, 0.0, 1.0, closed_high=True)
   checks.non_negative(who, "weight_decay", local.weight_decay)

@@ -132,7 +132,7 @@ def test_the_low_rank_step_takes_the_same_keywords_with_the_same_text(factory):
   """One list of the step's options: every low-rank factory has them all, the same."""
   step = inspect.signature(lordo_jax.scale_by_low_rank_adam).parameters
   own = inspect.signature(getattr(lordo_jax, factory)).parameters
-  shared = [k.name for k in lordo_jax.local._low_rank_adam.STEP_KEYWORDS]
+  shared = [k.name for k in lordo_jax.local._low_rank_options.STEP_KEYWORDS]
   assert set(shared) <= set(own) and set(shared) <= set(step)
   overridden = {
     "lordo": {"omega", "projection"},
