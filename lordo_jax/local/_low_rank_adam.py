@@ -40,7 +40,7 @@ class LowRankMoments(NamedTuple):
   basis: Any
   mu: jax.Array  # First moment u, float32: r x q (left), p x r (right), r x r (two-sided).
   nu: jax.Array  # Second moment v, float32, shaped like u.
-  error: jax.Array  # Error-feedback buffer E, p x q (the leaf's matrix); (0,) when off.
+  error: jax.Array  # Error-feedback buffer E, p x q (the leaf's matrix); shape (0,) when off.
 
 
 class LowRankAdamState(NamedTuple):

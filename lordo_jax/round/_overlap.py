@@ -24,6 +24,7 @@ from lordo_jax.round import _offload as offload_lib
 from lordo_jax.round import _outer_step as outer_lib
 from lordo_jax.round import _periods as periods
 from lordo_jax.round import _schedule as schedule
+from lordo_jax.round._round_parts import RoundParts
 
 WINDOW_MERGES = ("rebase", "streaming")  # overlap=tau < K, and "round" (tau = K)
 MERGES = ("eager", "delayed", *WINDOW_MERGES)  # overlap="round"
@@ -40,7 +41,7 @@ class InFlight(NamedTuple):
   residual: Any = ()  # With compression: float32, the error feedback of D_m's columns.
 
 
-def _message(parts, delta, inner_state, fragment=None) -> tuple:
+def _message(parts: RoundParts, delta, inner_state, fragment=None) -> tuple:
   """What a boundary freezes, in two parts: the pseudo-gradient, and the moments
   averaged every sync (each sent with its codec); of the leaves in ``fragment`` only
   (``None``: all; the others ``optax.MaskedNode()``)."""
@@ -57,14 +58,16 @@ class MessageLayout(NamedTuple):
   columns: tuple  # Each part's columns, its widest fragment's.
 
 
-def message_layout(parts, like, inner_state) -> MessageLayout:
+def message_layout(parts: RoundParts, like, inner_state) -> MessageLayout:
   """The :class:`MessageLayout` for params shaped like ``like`` and the inner state."""
   masks = schedule.fragment_masks(like, parts.fragments)
   each = [chunks_lib.widths(_message(parts, like, inner_state, m), chunks(parts)) for m in masks]
   return MessageLayout(masks, tuple(max(w) for w in zip(*each, strict=True)))
 
 
-def _frozen(parts, delta, inner_state, lay, fragment=None, take=slice(None), dtypes=None):
+def _frozen(
+  parts: RoundParts, delta, inner_state, lay, fragment=None, take=slice(None), dtypes=None
+):
   """The buffers of the parts ``take`` of the message of ``fragment``, laid out by
   ``lay``, in ``dtypes`` (default: the whole message's); their columns split as the
   whole message's leaves are (the same sharding whichever fragment is frozen)."""
@@ -85,7 +88,7 @@ def _dtypes(flight: InFlight) -> tuple:
   return tuple(None if b is None else b.dtype for b in flight.message)
 
 
-def _codecs(parts) -> tuple:
+def _codecs(parts: RoundParts) -> tuple:
   """The codecs of the message's two parts: ``compression`` for the pseudo-gradient,
   the moments' own (:data:`lordo_jax.comm._compression.MOMENT_CODECS`)."""
   if parts.compression is None:
@@ -93,12 +96,12 @@ def _codecs(parts) -> tuple:
   return (parts.compression, compression_lib.MOMENT_CODECS[parts.compression])
 
 
-def chunks(parts) -> int:
+def chunks(parts: RoundParts) -> int:
   """Chunks of a message: K for a whole round in flight, else tau."""
   return parts.sync_every if parts.overlap == "round" else parts.overlap
 
 
-def init(parts, params, inner_state) -> InFlight:
+def init(parts: RoundParts, params, inner_state) -> InFlight:
   """Nothing in flight before the first boundary: zeros (a mean of zero lands there).
   With compression the residual has the rows of every fragment's chunks."""
   lay = message_layout(parts, params, inner_state)
@@ -112,7 +115,7 @@ def init(parts, params, inner_state) -> InFlight:
   return InFlight(message=zeros, means=zeros, residual=residual)
 
 
-def send_chunk(parts, state, index, residual_row=None, sending=None):
+def send_chunk(parts: RoundParts, state, index, residual_row=None, sending=None):
   """Chunk ``index`` (a traced int) of the message in flight, averaged and counted:
   ``(in_flight, ledger)``. The residual is the one of row ``residual_row`` (default
   ``index``: that of the fragment in flight). With ``sending`` (a traced bool) the mean
@@ -139,13 +142,13 @@ def send_chunk(parts, state, index, residual_row=None, sending=None):
   return flight._replace(means=write(flight.means, mean), residual=residual), ledger
 
 
-def state_layout(parts, state) -> MessageLayout:
+def state_layout(parts: RoundParts, state) -> MessageLayout:
   """The :class:`MessageLayout` of ``state``'s message (its shapes only)."""
   like = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, jnp.float32), state.anchor)
   return message_layout(parts, like, state.inner_state)
 
 
-def land(parts, state, params, local_updates, grads):
+def land(parts: RoundParts, state, params, local_updates, grads):
   r"""At a boundary: the message in flight lands and this round's is frozen.
 
   With :math:`\bar D, \bar U, \bar V` the means that landed and :math:`D_m, U_m, V_m`
@@ -215,7 +218,7 @@ def _pseudo_gradient(anchor, params):
   return jax.tree.map(lambda a, p: (a - p).astype(jnp.float32), anchor, params)
 
 
-def _merged(parts, anchor, old_anchor, local_params, frozen):
+def _merged(parts: RoundParts, anchor, old_anchor, local_params, frozen):
   r"""A worker's parameters after a landing onto ``anchor`` (MATH.md §9): the anchor
   (eager, delayed); *rebase*: :math:`\text{anchor} + (\theta_m - (\text{anchor}_\text{old}
   - D_m))`, the worker's steps since its message ``frozen`` (:math:`D_m`) was frozen
@@ -234,7 +237,7 @@ def _merged(parts, anchor, old_anchor, local_params, frozen):
   return anchor
 
 
-def freeze(parts, state, params, local_updates, lay, fragment=None):
+def freeze(parts: RoundParts, state, params, local_updates, lay, fragment=None):
   """At a boundary with ``overlap=tau`` (of ``fragment``'s round, streaming): this
   worker's message of the fragment's leaves frozen, nothing sent."""
   local_params = optax.apply_updates(params, local_updates)
@@ -244,7 +247,7 @@ def freeze(parts, state, params, local_updates, lay, fragment=None):
   return state._replace(in_flight=state.in_flight._replace(message=message))
 
 
-def land_window(parts, state, params, local_updates, grads, lay, f=0, fragment=None):
+def land_window(parts: RoundParts, state, params, local_updates, grads, lay, f=0, fragment=None):
   r"""At :math:`t_0 + \tau` with ``overlap=tau``: the message frozen at :math:`t_0` lands
   (fragment ``f``'s leaves, ``fragment``, with its own outer state, streaming).
 
@@ -280,7 +283,9 @@ def land_window(parts, state, params, local_updates, grads, lay, f=0, fragment=N
   return state, moment_trees.merge(local_params, merged)
 
 
-def _corrected_moments(parts, inner_state, own, means, landed, steps, fragment=None) -> Any:
+def _corrected_moments(
+  parts: RoundParts, inner_state, own, means, landed, steps, fragment=None
+) -> Any:
   """Each averaged moment of the leaves in ``fragment`` as if the mean had replaced this
   worker's at the boundary it was frozen: :math:`x \\mathrel{+}= \\beta^K (\\bar X - X_m)`
   (an EMA is linear in its start); ``steps`` is how long it was in flight."""
@@ -413,7 +418,7 @@ def check_phase(name: str, overlap: Any, phase: Any) -> None:
     )
 
 
-def window_step(parts, grads, state, params, local_updates, count, phase=None):
+def window_step(parts: RoundParts, grads, state, params, local_updates, count, phase=None):
   """``overlap=tau``: the chunks at steps t0+1 .. t0+tau, the landing at t0+tau and the
   freeze at a boundary, each fragment at its own boundaries t0 (streaming:
   :func:`window_positions`). With ``phase="send"`` the chunk is sent unconditionally
@@ -500,7 +505,7 @@ def check_spacing(name: str, sync_every: int, fragments: int, tau: int) -> None:
     )
 
 
-def round_step(parts, grads, state, params, local_updates, count):
+def round_step(parts: RoundParts, grads, state, params, local_updates, count):
   """A whole round in flight (:mod:`lordo_jax.round._overlap`): this step's chunk
   (unconditional), and at a boundary the landing, whose update lands on the anchor."""
   index = (count - 1) % parts.sync_every
@@ -521,7 +526,7 @@ def round_step(parts, grads, state, params, local_updates, count):
   return updates, state
 
 
-def _on_device(parts, branch):
+def _on_device(parts: RoundParts, branch):
   """``branch(state)`` with what offload keeps in host memory (the anchor, the outer
   state, the message in flight) moved to the device for it and back after it."""
   if not parts.offload:

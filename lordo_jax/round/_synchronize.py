@@ -37,12 +37,19 @@ from lordo_jax.round._faults import FaultCounts
 from lordo_jax.round._round_options import BASIC_KEYWORDS
 from lordo_jax.round._round_options import ROUND_KEYWORDS
 from lordo_jax.round._round_options import RoundOptions
+from lordo_jax.round._round_parts import RoundParts
 
 PROJECTION_SOURCES = basis_refresh.SOURCES
 
 
 class SynchronizeState(NamedTuple):
-  """State of :func:`synchronize`."""
+  """State of :func:`synchronize`.
+
+  A feature that is off keeps its field as the empty tuple ``()`` (``residual`` without
+  compression, ``in_flight`` without overlap): a pytree with no leaves, so it holds no
+  memory and adds nothing to a checkpoint, and every state has the same fields, whatever
+  the options.
+  """
 
   count: jax.Array  # int32 scalar: steps taken.
   inner_state: Any  # The local optimizer's state.
@@ -54,27 +61,6 @@ class SynchronizeState(NamedTuple):
   next_sync: jax.Array  # int32 scalar: the step that ends the current round.
   residual: Any  # float32 like params: compression error feedback; () without compression.
   in_flight: Any = ()  # With overlap: the message in flight (_overlap.InFlight); () without.
-
-
-class _Round(NamedTuple):
-  """The parts of a round, chosen once from :func:`synchronize`'s options."""
-
-  inner: optax.GradientTransformationExtraArgs  # The local optimizer.
-  outer: optax.GradientTransformation  # The outer optimizer, float32 state.
-  sync_every: periods.SyncPeriod  # K, or a period function of the step.
-  fragments: Any  # F, or a function of the params giving each leaf's fragment.
-  averaging: averaging_lib.Averaging  # How messages are averaged; who is present.
-  moment_groups: list  # [(period, fields)]: the moments averaged together.
-  refresh: basis_refresh.BasisRefresh  # What happens to the low-rank bases.
-  axis_name: str | None  # The worker axis.
-  offload: bool  # Anchor, outer state and residual in host memory between syncs.
-  name: str  # How errors name the method.
-  fault_tolerant: bool  # Whether update() takes worker_present.
-  overlap: str | None = None  # "round": a whole round in flight (_overlap).
-  merge: str | None = None  # How it lands: "eager", "delayed", "rebase" or "streaming".
-  merge_alpha: float = 0.0  # The streaming merge's weight of the worker's parameters.
-  moment_decays: tuple = (0.9, 0.999)  # (b1, b2) of the inner optimizer's moments.
-  compression: str | None = None  # The codec of the pseudo-gradient, if any.
 
 
 def _check_options(name, sync_every, fragments, compression, fault_tolerant, moment_periods):
@@ -263,7 +249,7 @@ def synchronize(
   averaging = averaging_lib.choose(
     axis_name, fault_tolerant=fault_tolerant, compression=compression
   )
-  parts = _Round(
+  parts = RoundParts(
     inner=optax.with_extra_args_support(inner),
     outer=outer_lib.outer_transform(outer_optimizer),
     sync_every=sync_every,
@@ -292,7 +278,7 @@ def synchronize(
 
 
 def _update(
-  parts: _Round,
+  parts: RoundParts,
   grads,
   state,
   params=None,
@@ -346,7 +332,7 @@ def _update(
   return updates, new_state._replace(next_sync=next_sync)
 
 
-def _local_update(parts: _Round, grads, state, params, count, extra_args):
+def _local_update(parts: RoundParts, grads, state, params, count, extra_args):
   """A step compiled with ``round_phase="local"``: the local step alone, the anchor and
   the outer state passed through; NaN updates where a round ends or the first bases
   are due (:mod:`lordo_jax.round._round_phase`)."""
@@ -390,7 +376,7 @@ def _landing(synced_now, anchor, params, local_updates):
   return jnp.where(synced_now, (anchor - params).astype(local_updates.dtype), local_updates)
 
 
-def _init(parts: _Round, params) -> SynchronizeState:
+def _init(parts: RoundParts, params) -> SynchronizeState:
   """The state before step 1: the anchor is ``params``, nothing synced or sent."""
   masks = schedule.fragment_masks(params, parts.fragments)
   state = SynchronizeState(
@@ -417,7 +403,7 @@ def _sync_offloaded(sync_now, state):
   return offload_lib.placed(state, offload_lib.to_host), state.anchor
 
 
-def _sync_fragment(parts: _Round, f, fragment, state, *, grads, params, local_step, present):
+def _sync_fragment(parts: RoundParts, f, fragment, state, *, grads, params, local_step, present):
   """Steps 1-5 of the round for the leaves in ``fragment`` (fragment ``f``): the new
   state, whose anchor holds the synchronised parameters of those leaves.
 
@@ -503,7 +489,7 @@ def _check_update(name, params, axis_name, fault_tolerant, worker_present):
     )
 
 
-def _update_in_flight(parts: _Round, grads, state, params, count, phase, **extra_args):
+def _update_in_flight(parts: RoundParts, grads, state, params, count, phase, **extra_args):
   """Step ``count`` with a message in flight: a whole round's, or a window of tau steps."""
   present = parts.averaging.admit(jnp.asarray(True), grads)
   inner_state, ledger = parts.refresh.before_first_step(
