@@ -30,7 +30,7 @@ def as_rows(x: jax.Array, num_workers: int) -> tuple[jax.Array, tuple]:
   block splits into one equal shard per worker.
 
   Returns:
-    ``(rows, layout)``: the block, and what :func:`from_rows` needs to undo it.
+    ``(rows, row_layout)``: the block, and what :func:`from_rows` needs to undo it.
   """
   shape = tuple(x.shape)
   x = x.astype(jnp.float32)
@@ -45,9 +45,9 @@ def as_rows(x: jax.Array, num_workers: int) -> tuple[jax.Array, tuple]:
   return jnp.pad(rows, ((0, padding), (0, 0))), (shape, keeps_rows)
 
 
-def from_rows(rows: jax.Array, layout: tuple) -> jax.Array:
+def from_rows(rows: jax.Array, row_layout: tuple) -> jax.Array:
   """Inverse of :func:`as_rows`: the float32 leaf a block stands for."""
-  shape, keeps_rows = layout
+  shape, keeps_rows = row_layout
   if keeps_rows:
     return rows[: shape[0]].reshape(shape)
   return rows.reshape(-1)[: math.prod(shape)].reshape(shape)

@@ -29,6 +29,8 @@ from lordo_jax.local import _shape_groups as shape_groups
 from lordo_jax.local import bases as bases_lib
 from lordo_jax.local._quasi_hyperbolic import qh_momentum
 from lordo_jax.local._quasi_hyperbolic import quasi_hyperbolic_mix
+from lordo_jax.local.bases.dct import DCTBasis
+from lordo_jax.local.bases.two_sided import TwoSidedBasis
 
 INIT_PROJECTIONS = ("gradient", "random", "external")
 
@@ -37,7 +39,7 @@ class LowRankMoments(NamedTuple):
   """Low-rank Adam state of one matrix (MATH.md §2's shapes)."""
 
   # Q (p x r left, q x r right) float32, a DCTBasis, or a TwoSidedBasis (U and V).
-  basis: Any
+  basis: jax.Array | DCTBasis | TwoSidedBasis
   mu: jax.Array  # First moment u, float32: r x q (left), p x r (right), r x r (two-sided).
   nu: jax.Array  # Second moment v, float32, shaped like u.
   error: jax.Array  # Error-feedback buffer E, p x q (the leaf's matrix); shape (0,) when off.
@@ -113,7 +115,7 @@ def _unlisted(moments, entries: list):
 class _Config(NamedTuple):
   """One :func:`scale_by_low_rank_adam`: its step's options, refresh policy and method."""
 
-  step: low_rank_options.LowRankOptions
+  options: low_rank_options.LowRankOptions
   refresh_every: int | None
   init_projection: str
   seed: int
@@ -123,13 +125,13 @@ class _Config(NamedTuple):
 
 def _axes_of(c: _Config, tree):
   """The :class:`~lordo_jax.local._routing.MatrixAxes` of every leaf; an error for a non-matrix."""
-  axes = routing.route(tree, c.matrix_axes, c.step.rank)
+  axes = routing.route(tree, c.matrix_axes, c.options.rank)
 
   def check(path, a):
     if a == routing.FULL_RANK:
       raise ValueError(
         f"scale_by_low_rank_adam got the leaf {jax.tree_util.keystr(path)}, "
-        f"which is not a matrix with min(p, q) > rank={c.step.rank}. Send such leaves "
+        f"which is not a matrix with min(p, q) > rank={c.options.rank}. Send such leaves "
         "to another transformation with optax.partition (lordo_jax.lordo does), "
         "or label them with matrix_axes."
       )
@@ -183,9 +185,9 @@ def _init_leaf(c: _Config, x, axes, key) -> LowRankMoments:
   shape, coordinates_spec = batch + s.coordinates_shape, unsplit + s.coordinates_spec(spec)
   mu = sharded.zeros(shape, jnp.float32, coordinates_spec, x)
   nu = sharded.zeros(shape, jnp.float32, coordinates_spec, x)
-  if c.step.error_feedback:
+  if c.options.error_feedback:
     shape = batch + routing.matrix_shape(x.shape, axes)
-    error = sharded.zeros(shape, jnp.dtype(c.step.error_feedback_dtype), unsplit + spec, x)
+    error = sharded.zeros(shape, jnp.dtype(c.options.error_feedback_dtype), unsplit + spec, x)
   else:
     error = jnp.zeros((0,), jnp.float32)
   return LowRankMoments(basis, mu, nu, error)
@@ -236,14 +238,14 @@ def _transported(c: _Config, s, m: _Refreshed, basis, ok, count, first) -> _Refr
     return m._replace(basis=basis)
   new_mu, new_nu = m.mu, m.nu
   per_matrix = lambda flag: jnp.reshape(flag, jnp.shape(flag) + (1, 1))  # noqa: E731
-  if c.step.transport == "rotate":
+  if c.options.transport == "rotate":
     rotated = moment_transport.rotate_moments(
-      s, m.mu, m.nu, basis, m.basis, count, c.step.b1, c.step.b2
+      s, m.mu, m.nu, basis, m.basis, count, c.options.b1, c.options.b2
     )
     unchanged = per_matrix(jnp.logical_or(first, ~ok))
     new_mu = jnp.where(unchanged, m.mu, rotated[0])
     new_nu = jnp.where(unchanged, m.nu, rotated[1])
-  elif c.step.transport == "reset":
+  elif c.options.transport == "reset":
     new_mu = jnp.where(per_matrix(ok), jnp.zeros_like(m.mu), m.mu)
     new_nu = jnp.where(per_matrix(ok), jnp.zeros_like(m.nu), m.nu)
   return _Refreshed(basis, new_mu, new_nu)
@@ -353,7 +355,7 @@ def _projected_by_group(c: _Config, listed: _Listed) -> list[_GroupProjection]:
     s = c.method.strategy(*listed.matrices[group[0]].shape[-2:])
     q = s.dense(listed.stacked([m.basis for m in listed.moments], group))
     fed = listed.stacked(listed.matrices, group).astype(jnp.float32)
-    if not c.step.error_feedback:
+    if not c.options.error_feedback:
       projected.append(_GroupProjection(s.project(q, fed), None, q))
       continue
     errors = listed.stacked([m.error for m in listed.moments], group)
@@ -371,24 +373,24 @@ def _stepped_by_group(c: _Config, listed: _Listed, count, projected: list[_Group
     s = c.method.strategy(*listed.matrices[group[0]].shape[-2:])
     mu = listed.stacked([m.mu for m in listed.moments], group)
     nu = listed.stacked([m.nu for m in listed.moments], group)
-    new_mu = c.step.b1 * mu + (1 - c.step.b1) * p.coordinates
-    new_nu = c.step.b2 * nu + (1 - c.step.b2) * p.coordinates**2
-    denominator = jnp.sqrt(new_nu / (1 - c.step.b2**count)) + c.step.eps
-    numerator = qh_momentum(p.coordinates, new_mu / (1 - c.step.b1**count), c.step.qh_nu)
-    if c.step.low_rank_term == "adam":
+    new_mu = c.options.b1 * mu + (1 - c.options.b1) * p.coordinates
+    new_nu = c.options.b2 * nu + (1 - c.options.b2) * p.coordinates**2
+    denominator = jnp.sqrt(new_nu / (1 - c.options.b2**count)) + c.options.eps
+    numerator = qh_momentum(p.coordinates, new_mu / (1 - c.options.b1**count), c.options.qh_nu)
+    if c.options.low_rank_term == "adam":
       numerator = numerator / denominator
     low_rank_direction = s.unproject(p.bases, numerator)
     matrix = listed.stacked(listed.matrices, group).astype(jnp.float32)
-    if c.step.full_rank_numerator == "error_fed":
+    if c.options.full_rank_numerator == "error_fed":
       errors = listed.stacked([m.error for m in listed.moments], group)
       matrix = matrix + errors.astype(jnp.float32)
     direction = quasi_hyperbolic_mix(
       matrix,
       low_rank_direction,
       denominator,
-      c.step.omega,
-      c.step.full_rank_rescale,
-      c.step.full_rank_scale,
+      c.options.omega,
+      c.options.full_rank_rescale,
+      c.options.full_rank_scale,
       side=s.side,
     )
     if p.errors is None:  # No error feedback: each matrix keeps its placeholder.
@@ -443,7 +445,7 @@ def _step(c: _Config, updates, state, projected: Projected):
   groups = [
     _GroupProjection(
       listed.stacked(coordinates, group),
-      listed.stacked(errors, group) if c.step.error_feedback else None,
+      listed.stacked(errors, group) if c.options.error_feedback else None,
       listed.stacked(bases, group),
     )
     for group in listed.groups
@@ -462,10 +464,10 @@ def _update(c: _Config, updates, state, params=None):
   return _stepped(c, state, listed, _projected_by_group(c, listed))
 
 
-def _basis_options(step: low_rank_options.LowRankOptions) -> bases_lib.Options:
+def _basis_options(options: low_rank_options.LowRankOptions) -> bases_lib.Options:
   """The step's options that :class:`~lordo_jax.local.bases.Options` has, by name
   (``None``: its default, written there)."""
-  given = {name: getattr(step, name) for name in bases_lib.Options._fields}
+  given = {name: getattr(options, name) for name in bases_lib.Options._fields}
   return bases_lib.Options(**{name: value for name, value in given.items() if value is not None})
 
 
@@ -601,7 +603,7 @@ def scale_by_low_rank_adam(
 
 def low_rank_adam(
   who: str,
-  step: low_rank_options.LowRankOptions,
+  options: low_rank_options.LowRankOptions,
   *,
   refresh_every: int | None,
   init_projection: str,
@@ -610,16 +612,16 @@ def low_rank_adam(
 ) -> LowRankAdam:
   """:func:`scale_by_low_rank_adam` from its options; every option checked, in ``who``'s
   name (the method that built them)."""
-  low_rank_options.check_options(who, step)
+  low_rank_options.check_options(who, options)
   checks.one_of(who, "init_projection", init_projection, INIT_PROJECTIONS)
   c = _Config(
-    step=step,
+    options=options,
     refresh_every=refresh_every,
     init_projection=init_projection,
     seed=0 if seed is None else seed,
     matrix_axes=matrix_axes,
     method=bases_lib.method(
-      step.projection, two_sided=step.two_sided, options=_basis_options(step)
+      options.projection, two_sided=options.two_sided, options=_basis_options(options)
     ),
   )
   init = functools.partial(_init, c)

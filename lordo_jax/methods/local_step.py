@@ -60,8 +60,8 @@ def full_rank_adam(b1, b2, eps, qh_nu=1.0) -> optax.GradientTransformation:
 
 
 def low_rank_adamw(
-  step: low_rank_options.LowRankOptions,
-  local: options_lib.LocalOptions,
+  step_options: low_rank_options.LowRankOptions,
+  local_options: options_lib.LocalOptions,
   learning_rate: optax.ScalarOrSchedule,
   *,
   init_projection: str,
@@ -80,8 +80,8 @@ def low_rank_adamw(
   :func:`full_rank_adam`'s. :func:`lordo_jax.lordo`, its ablations and
   :func:`lordo_jax.low_rank_ddp` take it.
 
-  ``low_rank`` is the :class:`~lordo_jax.LowRankAdam` built from ``step`` (checked in
-  ``who``'s name) with ``local.low_rank_labels`` as its ``matrix_axes``; the local step
+  ``low_rank`` is the :class:`~lordo_jax.LowRankAdam` built from ``step_options`` (checked
+  in ``who``'s name) with ``local_options.low_rank_labels`` as its ``matrix_axes``; the local step
   is ``matrices_path(low_rank)`` on the matrices, Adam (QHAdam with ``full_rank_nu``)
   on the other leaves, then AdamW's tail (decoupled weight decay, learning rate).
   Params with no 2-D leaf take the full-rank path alone (a warning says so); 2-D leaves
@@ -92,17 +92,19 @@ def low_rank_adamw(
   """
   low_rank = low_rank_lib.low_rank_adam(
     who,
-    step,
+    step_options,
     refresh_every=refresh_every,
     init_projection=init_projection,
     seed=seed,
-    matrix_axes=local.low_rank_labels,
+    matrix_axes=local_options.low_rank_labels,
   )
   direction = optax.partition(
     {
       routing.LOW_RANK: matrices_path(low_rank),
-      routing.FULL_RANK: full_rank_adam(step.b1, step.b2, step.eps, local.full_rank_nu),
+      routing.FULL_RANK: full_rank_adam(
+        step_options.b1, step_options.b2, step_options.eps, local_options.full_rank_nu
+      ),
     },
-    routing.partition_labels(local.low_rank_labels, step.rank, who),
+    routing.partition_labels(local_options.low_rank_labels, step_options.rank, who),
   )
-  return low_rank, _decoupled(direction, learning_rate, local.weight_decay)
+  return low_rank, _decoupled(direction, learning_rate, local_options.weight_decay)

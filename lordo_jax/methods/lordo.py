@@ -17,7 +17,11 @@ from lordo_jax.methods import options as options_lib
 from lordo_jax.round import _round_options as round_options_lib
 from lordo_jax.round import _synchronize as sync_lib
 
-INIT_PROJECTIONS = ("gradient", "random")
+# Where LoRDO's first basis comes from, as its two pieces name it: (the local step's,
+# the round's). "gradient": the round sets it from the averaged first gradient, so the
+# local step takes it from outside ("external"); "random": the local step draws it from
+# its seed, and the round sends nothing first (None).
+FIRST_BASIS = {"gradient": ("external", "gradient"), "random": ("random", None)}
 # LoRDO's basis refresh: warm-started subspace iteration, batched over each shape's
 # matrices, trains as the SVD does at a fraction of its cost (docs/FIDELITY.md).
 DEFAULT_PROJECTION = "subspace_iteration"
@@ -139,13 +143,14 @@ def lordo(
   step_options, local_options = options_lib.low_rank_step(who, keywords_given)
   sync_moments_every = 1 if sync_moments_every is None else sync_moments_every
   checks.positive_int(who, "sync_moments_every", sync_moments_every)
-  checks.one_of(who, "init_projection", init_projection, INIT_PROJECTIONS)
+  checks.one_of(who, "init_projection", init_projection, tuple(FIRST_BASIS))
+  local_first_basis, round_first_basis = FIRST_BASIS[init_projection]
   low_rank, local_optimizer = local_step.low_rank_adamw(
     step_options,
     local_options,
     learning_rate,
     who=who,
-    init_projection="random" if init_projection == "random" else "external",
+    init_projection=local_first_basis,
     seed=seed,
   )
   return sync_lib.synchronize(
@@ -156,7 +161,7 @@ def lordo(
     first_moment_every=sync_moments_every,
     second_moment_every=sync_moments_every,
     low_rank=low_rank,
-    init_projection="gradient" if init_projection == "gradient" else None,
+    init_projection=round_first_basis,
     moment_decays=(step_options.b1, step_options.b2),
     name=who,
     **keywords.given(arguments, options_lib.ROUND),

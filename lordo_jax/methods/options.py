@@ -72,8 +72,8 @@ def low_rank_step(
   (:func:`lordo_jax.local._low_rank_options.check_options`, in ``who``'s name); here only
   what the method adds: ``full_rank_nu`` in [0, 1] and ``weight_decay`` >= 0.
   """
-  step = keywords.build(low_rank_options.LowRankOptions, options)
-  local = keywords.build(LocalOptions, options)
-  checks.in_interval(who, "full_rank_nu", local.full_rank_nu, 0.0, 1.0, closed_high=True)
-  checks.non_negative(who, "weight_decay", local.weight_decay)
-  return step, local
+  step_options = keywords.build(low_rank_options.LowRankOptions, options)
+  local_options = keywords.build(LocalOptions, options)
+  checks.in_interval(who, "full_rank_nu", local_options.full_rank_nu, 0.0, 1.0, closed_high=True)
+  checks.non_negative(who, "weight_decay", local_options.weight_decay)
+  return step_options, local_options

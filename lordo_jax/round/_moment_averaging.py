@@ -41,7 +41,7 @@ def due(sync_index, groups: list) -> list:
   return [(sync_index % period == 0, fields) for period, fields in groups]
 
 
-def average_moments(inner_state, ledger, fields, present, fragment, mean: Callable):
+def average_moments(inner_state, ledger, fields, present, fragment, moment_mean: Callable):
   """``inner_state`` with its ``fields`` moments of the leaves in ``fragment`` averaged.
 
   Args:
@@ -50,13 +50,14 @@ def average_moments(inner_state, ledger, fields, present, fragment, mean: Callab
     fields: the moment fields to average, ``("mu",)``, ``("nu",)`` or both.
     present: whether this worker's moments enter the mean.
     fragment: the leaves to average (``None``: all).
-    mean: ``(tree, present, ledger) -> (mean, fraction, ledger)``, one message.
+    moment_mean: ``(tree, present, ledger) -> (mean, fraction, ledger)``, one message
+      (:meth:`lordo_jax.round._averaging.Averaging.moment_mean`).
 
   Returns:
     ``(inner_state, ledger)``; where nobody was present the moments are kept.
   """
   moments = {f: moment_trees.moment_tree(inner_state, f, fragment) for f in fields}
-  averaged, fraction, ledger = mean(moments, present, ledger)
+  averaged, fraction, ledger = moment_mean(moments, present, ledger)
   for f in fields:
     kept = averaging_lib.unless_empty(fraction, averaged[f], moments[f])
     inner_state = moment_trees.with_moments(inner_state, f, kept)
@@ -64,7 +65,7 @@ def average_moments(inner_state, ledger, fields, present, fragment, mean: Callab
 
 
 def average_due_moments(
-  inner_state: Any, ledger, sync_index, groups: list, present, fragment, mean: Callable
+  inner_state: Any, ledger, sync_index, groups: list, present, fragment, moment_mean: Callable
 ):
   r"""The moments due at sync ``sync_index`` (:func:`due`) averaged, each group in a
   ``lax.cond`` of its own, so nothing is sent at the syncs where it is not due.
@@ -82,7 +83,7 @@ def average_due_moments(
   for predicate, fields in due(sync_index, groups):
     inner_state, ledger = jax.lax.cond(
       predicate,
-      lambda s, led, fs=fields: average_moments(s, led, fs, present, fragment, mean),
+      lambda s, led, fs=fields: average_moments(s, led, fs, present, fragment, moment_mean),
       lambda s, led: (s, led),
       inner_state,
       ledger,

@@ -126,7 +126,7 @@ def send_chunk(parts: RoundParts, state, index, residual_row=None, sending=None)
   read = functools.partial(chunks_lib.row, index=index, to_device=offload)
   write = functools.partial(chunks_lib.with_row, index=index, to_host=offload)
   own = chunks_lib.row(flight.residual, residual_row, to_device=offload) if compressed else None
-  mean, ledger, fed = chunks_lib.chunk_mean(
+  averaged, ledger, fed = chunks_lib.chunk_mean(
     read(flight.message),
     state.ledger,
     parts.axis_name,
@@ -134,12 +134,14 @@ def send_chunk(parts: RoundParts, state, index, residual_row=None, sending=None)
     residual=own,
   )
   if sending is not None:  # A chunk sent for nothing changes nothing but the ledger.
-    mean = jax.tree.map(lambda new, old: jnp.where(sending, new, old), mean, read(flight.means))
+    averaged = jax.tree.map(
+      lambda new, old: jnp.where(sending, new, old), averaged, read(flight.means)
+    )
     fed = jnp.where(sending, fed, own) if compressed else None
   residual = ()
   if compressed:
     residual = chunks_lib.with_row(flight.residual, fed, residual_row, to_host=offload)
-  return flight._replace(means=write(flight.means, mean), residual=residual), ledger
+  return flight._replace(means=write(flight.means, averaged), residual=residual), ledger
 
 
 def state_layout(parts: RoundParts, state) -> MessageLayout:
@@ -179,11 +181,11 @@ def land(parts: RoundParts, state, params, local_updates, grads):
   local_params = optax.apply_updates(params, local_updates)
   delta = _pseudo_gradient(state.anchor, local_params)
   fresh = _message(parts, delta, state.inner_state)
-  old, mean = (chunks_lib.thaw(b, fresh) for b in state.in_flight[:2])
-  direction = mean[0]
+  old, averaged = (chunks_lib.thaw(b, fresh) for b in state.in_flight[:2])
+  direction = averaged[0]
   workers = 1 if parts.axis_name is None else jax.lax.axis_size(parts.axis_name)
   if parts.merge == "eager":
-    direction = jax.tree.map(lambda b, d, o: b + (d - o) / workers, mean[0], delta, old[0])
+    direction = jax.tree.map(lambda b, d, o: b + (d - o) / workers, averaged[0], delta, old[0])
   anchor, outer_state = outer_lib.outer_step(
     parts.outer, None, state.anchor, direction, state.outer_state[0], jnp.float32(1)
   )
@@ -193,9 +195,9 @@ def land(parts: RoundParts, state, params, local_updates, grads):
   # The bases must be one on every worker: computed from the freshest pseudo-gradient
   # they all hold, the landed mean; with one worker the fresh one is the mean.
   fresh_bases = workers == 1 and parts.merge != "delayed"
-  basis_source, refreshed = (delta, jnp.float32(1)) if fresh_bases else (mean[0], landed)
+  basis_source, refreshed = (delta, jnp.float32(1)) if fresh_bases else (averaged[0], landed)
   inner_state = _corrected_moments(
-    parts, state.inner_state, old[1], mean[1], landed, parts.sync_every
+    parts, state.inner_state, old[1], averaged[1], landed, parts.sync_every
   )
   inner_state = parts.refresh.at_sync(inner_state, basis_source, grads, None, refreshed)
   state = state._replace(
@@ -263,16 +265,16 @@ def land_window(parts: RoundParts, state, params, local_updates, grads, lay, f=0
   local_params = optax.apply_updates(params, local_updates)
   as_float32 = jax.tree.map(lambda p: p.astype(jnp.float32), params)
   like = _message(parts, as_float32, state.inner_state, fragment)
-  old, mean = (chunks_lib.thaw(b, like) for b in state.in_flight[:2])
+  old, averaged = (chunks_lib.thaw(b, like) for b in state.in_flight[:2])
   anchor, outer_state = outer_lib.outer_step(
-    parts.outer, fragment, state.anchor, mean[0], state.outer_state[f], jnp.float32(1)
+    parts.outer, fragment, state.anchor, averaged[0], state.outer_state[f], jnp.float32(1)
   )
   mine = functools.partial(moment_trees.select, fragment=fragment)
   merged = _merged(parts, mine(anchor), mine(state.anchor), mine(local_params), old[0])
   inner_state = _corrected_moments(
-    parts, state.inner_state, old[1], mean[1], jnp.float32(1), parts.overlap, fragment
+    parts, state.inner_state, old[1], averaged[1], jnp.float32(1), parts.overlap, fragment
   )
-  inner_state = parts.refresh.at_sync(inner_state, mean[0], grads, fragment, jnp.float32(1))
+  inner_state = parts.refresh.at_sync(inner_state, averaged[0], grads, fragment, jnp.float32(1))
   outer_states = state.outer_state
   state = state._replace(
     inner_state=inner_state,
@@ -291,10 +293,10 @@ def _corrected_moments(
   (an EMA is linear in its start); ``steps`` is how long it was in flight."""
   fields = [f for _, group in parts.moment_groups for f in group]
   decays = dict(zip(("mu", "nu"), parts.moment_decays, strict=True))
-  for field, mine, mean in zip(fields, own, means, strict=True):
+  for field, mine, averaged in zip(fields, own, means, strict=True):
     factor = landed * decays[field] ** steps
     current = moment_trees.moment_tree(inner_state, field, fragment)
-    corrected = jax.tree.map(lambda x, b, m, f=factor: x + f * (b - m), current, mean, mine)
+    corrected = jax.tree.map(lambda x, b, m, f=factor: x + f * (b - m), current, averaged, mine)
     inner_state = moment_trees.with_moments(inner_state, field, corrected)
   return inner_state
 

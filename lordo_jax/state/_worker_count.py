@@ -55,8 +55,8 @@ def _averaged(path, x, workers: int):
   x = np.asarray(x)
   if not np.issubdtype(x.dtype, np.inexact):
     return _shared(path, x, workers)
-  mean = x.astype(np.float64).mean(axis=0).astype(x.dtype)
-  return np.broadcast_to(mean, (workers, *x.shape[1:]))
+  average = x.astype(np.float64).mean(axis=0).astype(x.dtype)
+  return np.broadcast_to(average, (workers, *x.shape[1:]))
 
 
 def _on_host(tree):

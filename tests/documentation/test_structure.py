@@ -334,3 +334,66 @@ def test_the_shadow_check_sees_a_module_bound_to_a_value():
   assert shadowed_modules("from lordo_jax import _sharded as sharded\n\ndef f(sharded): ...") == {
     "sharded"
   }
+
+
+def bound_names(source: str) -> set[str]:
+  """Every name a source binds: functions, classes, assignments, loop variables,
+  parameters and import aliases."""
+  names = set()
+  for node in ast.walk(ast.parse(source)):
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+      names.add(node.name)
+    elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+      names.add(node.id)
+    elif isinstance(node, ast.arg):
+      names.add(node.arg)
+    elif isinstance(node, ast.alias):
+      names.add(node.asname or node.name.split(".")[-1])
+  return names
+
+
+# Names that meant two or three things, each now bound only where it keeps its one
+# meaning (the folders of the package where it may be bound; () for nowhere).
+ONE_MEANING = {
+  "overlap": ("round", "methods"),  # the message in flight; the change of basis is change_of_basis
+  "layout": ("checkpoint.py",),  # a checkpoint's record; MessageLayout, row_layout, _sharded
+  "Layout": (),
+  "mean": ("local", "comm"),  # a list of arrays to its average (Averaging has gradient_mean)
+  "schedules": (),  # round/_periods is periods
+  "round_schedule": (),  # round/_schedule is schedule
+  "local_step_": (),  # the local optimizer is local_optimizer
+  # A step's number, or LowRankAdam.step taking one; never the low-rank step's options
+  # (step_options) in methods/, where the three met beside the module local_step.
+  "step": ("local", "round", "state", "checkpoint.py"),
+}
+
+
+def misplaced_names(sources: dict[str, str]) -> list[str]:
+  """``relative path: name`` for each name of :data:`ONE_MEANING` a source binds outside
+  the places where it keeps its meaning."""
+  found = []
+  for relative, source in sources.items():
+    top = relative.split("/")[0]
+    for name in sorted(bound_names(source) & set(ONE_MEANING)):
+      if top not in ONE_MEANING[name]:
+        found.append(f"{relative}: {name}")
+  return found
+
+
+def test_a_name_with_one_meaning_is_bound_only_where_it_has_it():
+  sources = {p.relative_to(PACKAGE).as_posix(): p.read_text() for p in _sources()}
+  assert misplaced_names(sources) == []
+
+
+def test_the_meaning_check_sees_a_name_come_back():
+  sources = {
+    "local/bases/strategy.py": "def overlap(new, old):\n  return new.T @ old\n",
+    "round/_overlap.py": "class Layout:\n  pass\n",
+    "methods/lordo.py": "step = object()\nimport x as schedules\n",
+  }
+  assert misplaced_names(sources) == [
+    "local/bases/strategy.py: overlap",
+    "round/_overlap.py: Layout",
+    "methods/lordo.py: schedules",
+    "methods/lordo.py: step",
+  ]

@@ -147,11 +147,11 @@ def test_average_moments_over_present_workers_and_nobody_present():
 
 def test_average_due_moments_at_syncs_one_to_six():
   groups = moment_averaging.moment_groups(2, 3)
-  mean = averaging.Averaging(AXIS).moment_mean
+  moment_mean = averaging.Averaging(AXIS).moment_mean
 
   def one(state, sync_index):
     return moment_averaging.average_due_moments(
-      state, collectives.init_ledger(), sync_index, groups, True, None, mean
+      state, collectives.init_ledger(), sync_index, groups, True, None, moment_mean
     )
 
   run = workers.on_workers(one, M)
