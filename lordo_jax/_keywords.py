@@ -79,13 +79,13 @@ def takes(*groups: tuple[Keyword, ...], overrides: tuple[str, ...] = ()) -> Call
   The ``def`` is the signature users, editors and type checkers read; its defaults
   refer to the groups' dataclasses (``b1: float = LowRankOptions.b1``), so each is
   written once. When the module loads, every keyword of ``groups`` must be a
-  keyword-only parameter of the ``def`` with the group's annotation and default, except
-  the defaults named in ``overrides`` (a method's own, such as lordo's ``omega=0.7``):
-  a keyword added to a group fails the import of every factory that does not declare
-  it. A call binds its arguments (an unknown keyword is a ``TypeError`` naming the
-  closest ones) and checks that the static ones are Python values. The
-  docstring's ``{options}`` line becomes the Args entries of the group keywords it
-  does not document itself.
+  parameter of the ``def`` with the group's annotation and default, except those named
+  in ``overrides`` (a method's own default, such as lordo's ``omega=0.7``, or a narrower
+  type, such as desloc's int ``sync_every``): a keyword added to a group fails the
+  import of every factory that does not declare it. A call binds its arguments (an
+  unknown keyword is a ``TypeError`` naming the closest ones) and checks that the static
+  ones are Python values. The docstring's ``{options}`` line becomes the Args entries
+  of the group keywords it does not document itself.
   """
   keywords = {k.name: k for group in groups for k in group}
   static = {k.name for k in keywords.values() if k.static} | set(STATIC)

@@ -488,7 +488,7 @@ def scale_by_low_rank_adam(
   side: str = low_rank_options.LowRankOptions.side,
   transport: str = low_rank_options.LowRankOptions.transport,
   error_feedback: bool = low_rank_options.LowRankOptions.error_feedback,
-  error_feedback_dtype: Any = low_rank_options.LowRankOptions.error_feedback_dtype,
+  error_feedback_dtype: str = low_rank_options.LowRankOptions.error_feedback_dtype,
   full_rank_scale: str = low_rank_options.LowRankOptions.full_rank_scale,
   full_rank_numerator: str = low_rank_options.LowRankOptions.full_rank_numerator,
   qh_nu: float = low_rank_options.LowRankOptions.qh_nu,

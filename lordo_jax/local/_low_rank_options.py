@@ -156,7 +156,7 @@ class LowRankOptions:
     "feed it back (off by default, MATH.md §3 says why).",
     False,
   )
-  error_feedback_dtype: Any = keywords.option(
+  error_feedback_dtype: str = keywords.option(
     '``"float32"`` or ``"bfloat16"`` (half the memory): the dtype of E. A name, not a '
     "dtype object, so that ``optax.inject_hyperparams`` leaves it alone.",
     "float32",

@@ -7,6 +7,7 @@ the counted mean over the workers), :func:`ddp` (it, then AdamW) and
 """
 
 import numbers
+from collections.abc import Callable
 from typing import Any
 from typing import NamedTuple
 
@@ -195,7 +196,7 @@ def low_rank_ddp(
   side: str = low_rank_options.LowRankOptions.side,
   transport: str = "keep",
   error_feedback: bool = low_rank_options.LowRankOptions.error_feedback,
-  error_feedback_dtype: Any = low_rank_options.LowRankOptions.error_feedback_dtype,
+  error_feedback_dtype: str = low_rank_options.LowRankOptions.error_feedback_dtype,
   full_rank_scale: str = low_rank_options.LowRankOptions.full_rank_scale,
   full_rank_numerator: str = low_rank_options.LowRankOptions.full_rank_numerator,
   qh_nu: float = low_rank_options.LowRankOptions.qh_nu,
@@ -206,7 +207,7 @@ def low_rank_ddp(
   power_iterations: int | None = low_rank_options.LowRankOptions.power_iterations,
   weight_decay: float = options_lib.LocalOptions.weight_decay,
   full_rank_nu: float = options_lib.LocalOptions.full_rank_nu,
-  low_rank_labels: Any = options_lib.LocalOptions.low_rank_labels,
+  low_rank_labels: Callable | None = options_lib.LocalOptions.low_rank_labels,
 ) -> optax.GradientTransformation:
   r"""Low-rank DDP (GaLore-DDP): low-rank Adam on the averaged gradient.
 

@@ -6,6 +6,7 @@ averaged pseudo-gradient; moments stay local), each :func:`lordo_jax.synchronize
 of AdamW.
 """
 
+from collections.abc import Callable
 from typing import Any
 
 import optax
@@ -23,16 +24,16 @@ from lordo_jax.round import _synchronize as sync_lib
 def local_adam(
   learning_rate: optax.ScalarOrSchedule,
   *,
-  sync_every: Any,
+  sync_every: int | Callable,
   axis_name: str | None = None,
   b1: float = low_rank_options.LowRankOptions.b1,
   b2: float = low_rank_options.LowRankOptions.b2,
   eps: float = low_rank_options.LowRankOptions.eps,
   weight_decay: float = options_lib.LocalOptions.weight_decay,
   compression: str | None = round_options_lib.RoundOptions.compression,
-  fragments: Any = round_options_lib.RoundOptions.fragments,
+  fragments: int | Callable | None = round_options_lib.RoundOptions.fragments,
   fault_tolerant: bool = round_options_lib.RoundOptions.fault_tolerant,
-  overlap: Any = round_options_lib.RoundOptions.overlap,
+  overlap: str | int | None = round_options_lib.RoundOptions.overlap,
   merge: str | None = round_options_lib.RoundOptions.merge,
   merge_alpha: float = round_options_lib.RoundOptions.merge_alpha,
   offload: bool = round_options_lib.RoundOptions.offload,
@@ -101,7 +102,12 @@ def _period_in_syncs(who: str, name: str, steps, sync_every: int) -> int:
   return steps // sync_every
 
 
-@keywords.takes(options_lib.basics("sync_every", "axis_name"), options_lib.ADAM, options_lib.ROUND)
+@keywords.takes(
+  options_lib.basics("sync_every", "axis_name"),
+  options_lib.ADAM,
+  options_lib.ROUND,
+  overrides=("sync_every",),  # an int: its moment periods are multiples of it
+)
 def desloc(
   learning_rate: optax.ScalarOrSchedule,
   *,
@@ -114,9 +120,9 @@ def desloc(
   eps: float = low_rank_options.LowRankOptions.eps,
   weight_decay: float = options_lib.LocalOptions.weight_decay,
   compression: str | None = round_options_lib.RoundOptions.compression,
-  fragments: Any = round_options_lib.RoundOptions.fragments,
+  fragments: int | Callable | None = round_options_lib.RoundOptions.fragments,
   fault_tolerant: bool = round_options_lib.RoundOptions.fault_tolerant,
-  overlap: Any = round_options_lib.RoundOptions.overlap,
+  overlap: str | int | None = round_options_lib.RoundOptions.overlap,
   merge: str | None = round_options_lib.RoundOptions.merge,
   merge_alpha: float = round_options_lib.RoundOptions.merge_alpha,
   offload: bool = round_options_lib.RoundOptions.offload,
@@ -182,7 +188,7 @@ def desloc(
 def diloco(
   learning_rate: optax.ScalarOrSchedule,
   *,
-  sync_every: Any,
+  sync_every: int | Callable,
   axis_name: str | None = None,
   outer_learning_rate: float = 0.7,
   outer_momentum: float = 0.9,
@@ -192,9 +198,9 @@ def diloco(
   eps: float = low_rank_options.LowRankOptions.eps,
   weight_decay: float = options_lib.LocalOptions.weight_decay,
   compression: str | None = round_options_lib.RoundOptions.compression,
-  fragments: Any = round_options_lib.RoundOptions.fragments,
+  fragments: int | Callable | None = round_options_lib.RoundOptions.fragments,
   fault_tolerant: bool = round_options_lib.RoundOptions.fault_tolerant,
-  overlap: Any = round_options_lib.RoundOptions.overlap,
+  overlap: str | int | None = round_options_lib.RoundOptions.overlap,
   merge: str | None = round_options_lib.RoundOptions.merge,
   merge_alpha: float = round_options_lib.RoundOptions.merge_alpha,
   offload: bool = round_options_lib.RoundOptions.offload,

@@ -9,7 +9,10 @@ is accepted (:mod:`lordo_jax._checks`).
 """
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
+
+import optax
 
 from lordo_jax import _checks as checks
 from lordo_jax import _keywords as keywords
@@ -21,7 +24,7 @@ from lordo_jax.round import _round_options as round_options_lib
 class Schedule:
   """The learning rate every method takes first."""
 
-  learning_rate: Any = keywords.option("a float or an optax schedule.")
+  learning_rate: optax.ScalarOrSchedule = keywords.option("a float or an optax schedule.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,7 +37,7 @@ class LocalOptions:
     "+ eps)``; 1 is Adam.",
     1.0,
   )
-  low_rank_labels: Any = keywords.option(
+  low_rank_labels: Callable | None = keywords.option(
     "which leaves are low-rank: a function of the params giving a tree of labels "
     "(:class:`lordo_jax.MatrixAxes`, ``True``/``False``); ``None``: every 2-D leaf with "
     "``min(p, q) > rank``.",

@@ -5,7 +5,9 @@ take (:mod:`lordo_jax._keywords`).
 """
 
 import dataclasses
-from typing import Any
+from collections.abc import Callable
+
+import optax
 
 from lordo_jax import _keywords as keywords
 
@@ -15,7 +17,7 @@ class RoundBasics:
   """What every round is given: its length, its workers and its outer step
   (:mod:`lordo_jax._keywords`; the methods declare these themselves)."""
 
-  sync_every: Any = keywords.option(
+  sync_every: int | Callable = keywords.option(
     "K, local steps per round; or a function of the step giving each round's length "
     "(e.g. :func:`lordo_jax.quadratic_sync_rule`).",
     static=True,
@@ -25,7 +27,7 @@ class RoundBasics:
     "for a single worker, where every collective is the identity.",
     None,
   )
-  outer_optimizer: Any = keywords.option(
+  outer_optimizer: optax.GradientTransformation | None = keywords.option(
     "the optax transformation applied to the averaged pseudo-gradient, with the anchor "
     "as params. ``None`` is plain averaging (``optax.sgd(1.0)``); DiLoCo uses "
     "``optax.sgd(0.7, momentum=0.9, nesterov=True)``.",
@@ -44,7 +46,7 @@ class RoundOptions:
     'pseudo-gradient with error feedback; with ``"int8"`` the moments go in bfloat16.',
     None,
   )
-  fragments: Any = keywords.option(
+  fragments: int | Callable | None = keywords.option(
     "F, the number of fragments synced at staggered steps (streaming, as in Streaming "
     "DiLoCo), at most K, so that the largest message is about 1/F of the model; or a "
     "function of the params returning a tree of fragment indices (0 to F - 1, each "
@@ -58,7 +60,7 @@ class RoundOptions:
     ":func:`lordo_jax.synchronize`).",
     False,
   )
-  overlap: Any = keywords.option(
+  overlap: str | int | None = keywords.option(
     '``None`` (each sync blocks the step that ends the round); ``"round"``: the '
     "round's message is averaged during the next round, one chunk per step, in one "
     "collective outside any conditional that XLA may overlap with the step's compute, "

@@ -9,6 +9,7 @@ Every collective goes through :mod:`lordo_jax.comm._collectives`, inside the rou
 """
 
 import functools
+from collections.abc import Callable
 from typing import Any
 from typing import NamedTuple
 
@@ -128,9 +129,9 @@ def synchronize(
   moment_decays: tuple[float, float] | None = None,
   name: str = "synchronize",
   compression: str | None = RoundOptions.compression,
-  fragments: Any = RoundOptions.fragments,
+  fragments: int | Callable | None = RoundOptions.fragments,
   fault_tolerant: bool = RoundOptions.fault_tolerant,
-  overlap: Any = RoundOptions.overlap,
+  overlap: str | int | None = RoundOptions.overlap,
   merge: str | None = RoundOptions.merge,
   merge_alpha: float = RoundOptions.merge_alpha,
   offload: bool = RoundOptions.offload,
