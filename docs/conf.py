@@ -174,7 +174,18 @@ def _link_math_sections(app, what, name, obj, options, lines):
   lines[:] = [re.sub(r"(?<![`<])MATH\.md §(\d+(?:\.\d+)?)", link, line) for line in lines]
 
 
+# The benchmarks' run records name the commit they were measured at ("(commit abc1234)");
+# BENCHMARKS.md keeps it for the git log's reader, the site shows the records without it.
+_COMMIT = re.compile(r" \(commit [0-9a-f]{7,40}\)")
+
+
+def _without_commits(app, relative_path, parent_docname, content):
+  if pathlib.Path(relative_path).name == "BENCHMARKS.md":
+    content[0] = _COMMIT.sub("", content[0])
+
+
 def setup(app):
+  app.connect("include-read", _without_commits)
   app.connect("autodoc-process-docstring", _document_fields)
   app.connect("autodoc-process-docstring", _name_aliased_types, priority=600)
   app.connect("autodoc-process-docstring", _link_math_sections)
