@@ -32,9 +32,16 @@ extensions = [
   "sphinx.ext.autodoc",
   "sphinx.ext.autosummary",
   "sphinx.ext.napoleon",
+  "sphinx.ext.intersphinx",
   "sphinx.ext.mathjax",
   "sphinx-mathjax-offline",
 ]
+
+# Links to jax, optax, flax and orbax from inventories written here (no download).
+sys.path.insert(0, str(ROOT / "docs"))
+import external_names  # noqa: E402
+
+intersphinx_mapping = external_names.write_inventories(ROOT / "docs" / "_build" / "inventories")
 
 source_suffix = {".rst": "restructuredtext", ".md": "myst-nb", ".ipynb": "myst-nb"}
 root_doc = "index"
@@ -164,7 +171,7 @@ MATH_SECTIONS = _math_sections()
 
 
 def _link_math_sections(app, what, name, obj, options, lines):
-  """"MATH.md §N" in a docstring, plain text in the source, a link to the section on the
+  """ "MATH.md §N" in a docstring, plain text in the source, a link to the section on the
   page (every API page sits one folder below MATH.html)."""
 
   def link(match):
@@ -184,7 +191,20 @@ def _without_commits(app, relative_path, parent_docname, content):
     content[0] = _COMMIT.sub("", content[0])
 
 
+def _link_external_names(app, what, name, obj, options, lines):
+  """A docstring's ``optax.partition`` (a jax, optax, flax or orbax name the inventories
+  hold) becomes a link to its project's docs."""
+  known = {n for _, entries in external_names.PROJECTS.values() for n in entries}
+
+  def link(match):
+    full = external_names.target(match[1])
+    return f":py:obj:`{match[1]} <{full}>`" if match[1] in known else match[0]
+
+  lines[:] = [re.sub(r"``([\w.]+)``", link, line) for line in lines]
+
+
 def setup(app):
+  app.connect("autodoc-process-docstring", _link_external_names)
   app.connect("include-read", _without_commits)
   app.connect("autodoc-process-docstring", _document_fields)
   app.connect("autodoc-process-docstring", _name_aliased_types, priority=600)

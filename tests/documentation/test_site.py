@@ -26,6 +26,9 @@ from test_doc_references import named_paths
 import lordo_jax
 from lordo_jax import checkpoint
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "docs"))
+import external_names  # noqa: E402
+
 pytestmark = pytest.mark.timeout(300, method="thread")
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -263,7 +266,8 @@ _PUBLIC = re.compile(r"(?:lordo_jax\.)?((?:checkpoint\.)?[A-Za-z_]\w*)(\(.*\))?$
 
 
 class _InlineCode(html.parser.HTMLParser):
-  """The text of every inline ``<code>`` of a page, and whether it sits inside a link."""
+  """The text of every inline ``<code>`` of a page, and whether it sits inside a link
+  (or a heading, which is a link's target, not a place for one)."""
 
   def __init__(self):
     super().__init__()
@@ -271,7 +275,7 @@ class _InlineCode(html.parser.HTMLParser):
     self.spans: list[tuple[str, bool]] = []  # (text, inside a link)
 
   def handle_starttag(self, tag, attrs):
-    if tag == "a":
+    if tag in ("a", "h1", "h2", "h3", "h4", "h5", "h6"):
       self.links += 1
     elif tag == "pre":
       self.pre += 1
@@ -281,7 +285,7 @@ class _InlineCode(html.parser.HTMLParser):
         self.spans.append(("", self.links > 0))
 
   def handle_endtag(self, tag):
-    if tag == "a":
+    if tag in ("a", "h1", "h2", "h3", "h4", "h5", "h6"):
       self.links = max(0, self.links - 1)
     elif tag == "pre":
       self.pre = max(0, self.pre - 1)
@@ -318,6 +322,44 @@ def test_every_public_name_a_user_page_mentions_is_a_link(site):
     if written_for_the_site and unlinked_public_names(page):
       unlinked[str(relative)] = unlinked_public_names(page)
   assert not unlinked, f"public names in inline code without a link to their entry: {unlinked}"
+
+
+def test_every_jax_optax_flax_and_orbax_name_a_user_page_mentions_links_to_its_docs(site):
+  """Through the inventories ``docs/external_names.py`` writes (the build is offline):
+  each name it holds, in inline code on a page written for the site, is a link, and
+  the link is the project's page for it."""
+  names = {n: e for _, entries in external_names.PROJECTS.values() for n, e in entries.items()}
+  unlinked, hrefs = {}, set()
+  for page in sorted(site.rglob("*.html")):
+    relative = page.relative_to(site)
+    parsed = parse(page)
+    hrefs |= {h for h in parsed.links if EXTERNAL.match(h)}
+    if relative.parts[0].removesuffix(".html") not in USER_PAGES[:-1]:
+      continue
+    parser = _InlineCode()
+    parser.feed(page.read_text(encoding="utf-8"))
+    found = [t for t, linked in parser.spans if not linked and " ".join(t.split()) in names]
+    if found:
+      unlinked[str(relative)] = found
+  assert unlinked == {}
+  linked = {
+    n for n, (full, page) in names.items() if any(h.endswith(f"{page}#{full}") for h in hrefs)
+  }
+  assert {"optax.inject_hyperparams", "nnx.Optimizer", "jax.shard_map"} <= linked
+
+
+def test_the_inventories_read_as_sphinx_reads_them(tmp_path):
+  from sphinx.util.inventory import InventoryFile
+
+  mapping = external_names.write_inventories(tmp_path)
+  for project, (url, path) in mapping.items():
+    with open(path, "rb") as stream:
+      read = InventoryFile.load(stream, url, lambda base, uri: base + uri)
+    entries = {name: item for objects in read.values() for name, item in objects.items()}
+    for full, page in external_names.PROJECTS[project][1].values():
+      entry = entries[full]
+      location = entry.uri if hasattr(entry, "uri") else entry[2]
+      assert location == f"{url}{page}#{full}", (project, full)
 
 
 class _TextOutsideLinks(html.parser.HTMLParser):
