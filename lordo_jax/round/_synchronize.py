@@ -61,7 +61,7 @@ class SynchronizeState(NamedTuple):
   syncs: jax.Array  # int32[F]: syncs completed, per fragment.
   next_sync: jax.Array  # int32 scalar: the step that ends the current round.
   residual: Any  # float32 like params: compression error feedback; () without compression.
-  in_flight: Any = ()  # With overlap: the message in flight (_overlap.InFlight); () without.
+  in_flight: overlap_lib.InFlight | tuple[()] = ()  # With overlap: the message in flight.
 
 
 def _check_options(name, sync_every, fragments, compression, fault_tolerant, moment_periods):
