@@ -68,6 +68,7 @@ import faulthandler  # noqa: E402
 import importlib.util  # noqa: E402
 import io  # noqa: E402
 import pathlib  # noqa: E402
+import re  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 import types  # noqa: E402
@@ -375,6 +376,29 @@ def refresh_of(projection: str, matrices: dict, rank: int) -> Candidate:
   return Candidate(call, [matrices, carry[0]], compiled, seconds, 1, None)  # One per round.
 
 
+# The solver library's calls of each factorisation: LAPACK's on a CPU, cuSOLVER's and
+# cuBLAS's on a GPU (the custom-call targets name the routine).
+SOLVER_TARGETS = {
+  "cholesky": ("potrf", "cholesky"),
+  "triangular_solve": ("trsm", "triangularSolve"),
+  "qr": ("geqrf",),
+  "svd": ("gesdd", "gesvd"),
+  "eigh": ("syevd", "heevd", "syev"),
+}
+
+
+def solver_calls(hlo_text: str) -> dict[str, int]:
+  """The solver calls of a compiled program, by factorisation (:data:`SOLVER_TARGETS`):
+  each call site once, whatever the batch of matrices it takes (a call in a
+  conditional's branch, such as a fallback, included). On the CPU of jaxlib before
+  0.12 a batched call is a loop of one-matrix calls around one site."""
+  targets = re.findall(r'custom_call_target="([^"]+)"', hlo_text)
+  return {
+    kind: sum(any(name in target for name in names) for target in targets)
+    for kind, names in SOLVER_TARGETS.items()
+  }
+
+
 def refresh_section(dtype: str, shapes, rank, period, projections) -> dict[tuple, Candidate]:
   """Every projection's refresh of the block matrices (in float32 whatever ``dtype``:
   a refresh casts its matrices), one call per round."""
@@ -483,6 +507,9 @@ def rows_of(candidates: dict, section: str, dtype: str, period: int) -> list[dic
         "syncs": candidate.syncs(),
         "finite": candidate.finite(),
         "compile_s": candidate.compile_s,
+        "solver_calls": solver_calls(candidate.compiled.as_text())
+        if section == "refresh"
+        else None,
       }
     )
   return rows
@@ -537,11 +564,13 @@ def refresh_table(rows: list[dict]) -> list[str]:
       f"**{row['vs_baseline']['local']:.3f}**",
       megabytes((row["compiled_memory"] or {}).get("peak")),
       f"{row['compile_s']:.1f}",
+      ", ".join(f"{n} {kind}" for kind, n in row["solver_calls"].items() if n) or "none",
     ]
     for row in rows
   ]
   header = ["dtype", "projection", "ms per refresh", f"vs {rows[0]['projection']}"]
-  return studies.table([*header, "compiled peak MB", "compile s"], body, align="llrrrr")
+  more = ["compiled peak MB", "compile s", "solver calls"]
+  return studies.table([*header, *more], body, align="llrrrrl")
 
 
 def section_table(rows: list[dict], baseline: str) -> list[str]:
@@ -622,7 +651,10 @@ def notes_of(args, record: dict) -> list[str]:
     "Refresh section: LowRankAdam.refresh (scale_by_low_rank_adam, transport='rotate') of "
     "the block matrices from new matrices of the same shapes, jitted, the state donated: "
     "what a sync computes for the bases (the first basis of a run, exact, not included); "
-    "ratios against the first projection measured.",
+    "ratios against the first projection measured. solver calls: the solver library's "
+    "calls in the compiled refresh, each call site once whatever batch of matrices it "
+    "takes (a fallback's inside its conditional included; on the CPU of jaxlib before "
+    "0.12 a batched call is a loop around one site).",
     "Optimizer section: optax.adamw, optax.contrib.galore (update_proj_gap = K) and "
     "lordo_jax.lordo (axis_name=None) with each projection measured, weight decay "
     f"{WEIGHT_DECAY} for all; LoRDO's low-rank matrices are the paper's (every 2-D leaf "

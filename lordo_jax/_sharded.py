@@ -12,6 +12,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import PartitionSpec
 
 
@@ -174,18 +175,18 @@ ORTHONORMALITY_TOLERANCE = 1e-3
 _EXACT = jax.lax.Precision.HIGHEST  # Grams and solves: no TF32 / bf16 passes on accelerators.
 
 
-def orthonormal(y: jax.Array) -> tuple[jax.Array, jax.Array]:
-  r"""``(Q, ok)``: an orthonormal basis of the columns of each ``n x r`` matrix of ``y``.
+def orthonormal(ys: list[jax.Array]) -> list[tuple[jax.Array, jax.Array]]:
+  r"""``[(Q, ok)]``: an orthonormal basis of the columns of each ``n x r`` matrix of each ``y``.
 
-  ``y`` is ``(..., n, r)``: every leading axis is a batch of matrices, handled in one
-  batched computation of matrix products and ``r x r`` Cholesky factorizations (shifted
-  Cholesky-QR, Fukaya et al., 2020), never a loop of Householder QRs (which an
-  accelerator's solver library runs one matrix at a time). Two passes on the Gram
-  shifted by :math:`s = (\sqrt n + r)\, u\, \lVert Y \rVert_F^2` (u the unit roundoff),
-  each of which multiplies the condition number by about
-  :math:`(s / \lVert Y \rVert_2^2)^{1/2}`, then two plain passes that restore
-  orthogonality (a plain Cholesky-QR breaks down beyond condition number
-  :math:`u^{-1/2}`, some :math:`4 \cdot 10^3` in float32):
+  Each ``y`` is ``(..., n, r)``, with its own ``n`` and leading batch axes (a shape
+  group of a model's matrices): all of them are handled in one batched computation of
+  matrix products and ``r x r`` Cholesky factorizations (shifted Cholesky-QR, Fukaya
+  et al., 2020), never a loop of Householder QRs (which an accelerator's solver
+  library runs one matrix at a time). Two passes on the Gram shifted by
+  :math:`s = (\sqrt n + r)\, u\, \lVert Y \rVert_F^2` (u the unit roundoff), each of which
+  multiplies the condition number by about :math:`(s / \lVert Y \rVert_2^2)^{1/2}`,
+  then two plain passes that restore orthogonality (a plain Cholesky-QR breaks down
+  beyond condition number :math:`u^{-1/2}`, some :math:`4 \cdot 10^3` in float32):
 
   .. math::
     R_{k+1} = \mathrm{chol}(Q_k^\top Q_k + s_k I)^\top,\ Q_{k+1} = Q_k R_{k+1}^{-1},
@@ -200,14 +201,16 @@ def orthonormal(y: jax.Array) -> tuple[jax.Array, jax.Array]:
   Each pass multiplies by the inverse of an upper-triangular matrix with a positive
   diagonal, so Q is the thin QR's Q of ``y`` (positive diagonal of R), up to rounding;
   after :func:`~lordo_jax.local.bases.strategy.canonical_signs`, the same basis as a
-  Householder QR's. Grams and solves run at ``HIGHEST`` precision.
+  Householder QR's. Grams and solves run at ``HIGHEST`` precision. The ``r x r``
+  factorizations of every ``y`` of one ``r`` are one solver call per pass
+  (:func:`_inverse_factors`): the Grams have that size whatever ``n`` is.
 
   (On the CPU of jaxlib before 0.12 the factorizations of a batch run one matrix at a
   time in a loop: its batched LAPACK calls can hang.)
 
   A matrix whose result is not finite or not orthonormal to
   :data:`ORTHONORMALITY_TOLERANCE` (rank-deficient, zero, or conditioned beyond
-  :math:`10^7`) falls back, alone, to Householder QR, inside a ``lax.cond`` that runs
+  :math:`10^7`) falls back, alone, to Householder QR, inside one ``lax.cond`` that runs
   only when some matrix failed; ``ok`` (one per matrix, shaped like the batch) is then
   true wherever the result is finite. A ``y`` split by rows over a mesh axis (FSDP)
   has no fallback, which would gather it: ``ok`` is false where Cholesky-QR failed,
@@ -218,16 +221,20 @@ def orthonormal(y: jax.Array) -> tuple[jax.Array, jax.Array]:
     computing the QR factorization of ill-conditioned matrices, SIAM J. Sci. Comput.
     42(1), 2020 (arXiv 1809.11085).
   """
-  q = cholesky_qr(y)
-  ok = orthonormality_error(q) < ORTHONORMALITY_TOLERANCE
-  if is_sharded(y):
-    return q, ok
+  qs = cholesky_qr(ys)
+  oks = [orthonormality_error(q) < ORTHONORMALITY_TOLERANCE for q in qs]
+  whole_ones = [i for i, y in enumerate(ys) if not is_sharded(y)]
+  if not whole_ones:
+    return list(zip(qs, oks, strict=True))
 
   def householder_where_failed():
-    return jnp.where(ok[..., None, None], q, _householder_q(y))
+    return [jnp.where(oks[i][..., None, None], qs[i], _householder_q(ys[i])) for i in whole_ones]
 
-  q = jax.lax.cond(jnp.all(ok), lambda: q, householder_where_failed)
-  return q, jnp.all(jnp.isfinite(q), axis=(-2, -1))
+  all_ok = jnp.all(jnp.stack([jnp.all(oks[i]) for i in whole_ones]))
+  kept = jax.lax.cond(all_ok, lambda: [qs[i] for i in whole_ones], householder_where_failed)
+  for i, q in zip(whole_ones, kept, strict=True):
+    qs[i], oks[i] = q, jnp.all(jnp.isfinite(q), axis=(-2, -1))
+  return list(zip(qs, oks, strict=True))
 
 
 def _columns_whole(y: jax.Array) -> jax.Array:
@@ -239,22 +246,52 @@ def _columns_whole(y: jax.Array) -> jax.Array:
   return jax.sharding.reshard(y, PartitionSpec(*spec[:-1], None))
 
 
-def cholesky_qr(y: jax.Array) -> jax.Array:
+def cholesky_qr(ys: list[jax.Array]) -> list[jax.Array]:
   """The shifted Cholesky-QR passes of :func:`orthonormal`, with no check or fallback
   (NaN where a factorization failed)."""
-  y = _columns_whole(y)
-  n, r = y.shape[-2:]
-  unit_roundoff = jnp.finfo(y.dtype).eps / 2
-  eye = jnp.eye(r, dtype=y.dtype)
+  ys = [_columns_whole(y) for y in ys]
   for shifted in (True, True, False, False):
-    gram = product(jnp.matrix_transpose(y), y, precision=_EXACT)
+    grams = [product(jnp.matrix_transpose(y), y, precision=_EXACT) for y in ys]
     if shifted:
-      trace = jnp.trace(gram, axis1=-2, axis2=-1)[..., None, None]
-      gram = gram + (math.sqrt(n) + r) * unit_roundoff * trace * eye
+      grams = [_shifted(gram, y.shape[-2]) for gram, y in zip(grams, ys, strict=True)]
     # Y R^{-1} with R = L^T: a product with the r x r inverse, not a triangular solve
     # against the n x r factor (an accelerator's BLAS runs products far faster).
-    y = product(y, jnp.matrix_transpose(_inverse_lower(_cholesky(gram))), precision=_EXACT)
-  return y
+    inverses = _inverse_factors(grams)
+    ys = [
+      product(y, jnp.matrix_transpose(inverse), precision=_EXACT)
+      for y, inverse in zip(ys, inverses, strict=True)
+    ]
+  return ys
+
+
+def _shifted(gram: jax.Array, n: int) -> jax.Array:
+  """The Gram of an ``n x r`` factor plus :func:`orthonormal`'s shift."""
+  r = gram.shape[-1]
+  unit_roundoff = jnp.finfo(gram.dtype).eps / 2
+  trace = jnp.trace(gram, axis1=-2, axis2=-1)[..., None, None]
+  return gram + (math.sqrt(n) + r) * unit_roundoff * trace * jnp.eye(r, dtype=gram.dtype)
+
+
+def _inverse_factors(grams: list[jax.Array]) -> list[jax.Array]:
+  """:math:`L^{-1}` of each ``r x r`` Gram's Cholesky factor L: the Grams of one size
+  and dtype stacked into one batched factorization and one solve (an accelerator's
+  solver library spends its time per call, not per small matrix); a Gram split over a
+  mesh axis (its batch axis) alone."""
+  inverses: list = [None] * len(grams)
+  together: dict = {}
+  for i, gram in enumerate(grams):
+    alone = i if is_sharded(gram) else None
+    together.setdefault((gram.shape[-1], gram.dtype, alone), []).append(i)
+  for indices in together.values():
+    if len(indices) == 1:
+      inverses[indices[0]] = _inverse_lower(_cholesky(grams[indices[0]]))
+      continue
+    flat = [grams[i].reshape(-1, *grams[i].shape[-2:]) for i in indices]
+    stacked = _inverse_lower(_cholesky(jnp.concatenate(flat)))
+    ends = np.cumsum([f.shape[0] for f in flat])[:-1]
+    for i, part in zip(indices, jnp.split(stacked, ends), strict=True):
+      inverses[i] = part.reshape(grams[i].shape)
+  return inverses
 
 
 def orthonormality_error(q: jax.Array) -> jax.Array:

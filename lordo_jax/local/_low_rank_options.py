@@ -131,8 +131,9 @@ class LowRankOptions:
   projection: str = keywords.option(
     "how each basis is refreshed (MATH.md §5), batched over the matrices of one shape: "
     '``"subspace_iteration"`` (LoRDO\'s, for ``None``: products and ``r x r`` Cholesky '
-    "factorizations, warm-started; on any hardware, and the one for GPUs and TPUs: 34 ms "
-    "for GPT-2 small's 48 matrices on an H200, its first basis an SVD), "
+    "factorizations, warm-started, the factorizations of every shape in one solver call; "
+    "on any hardware, and the one for GPUs and TPUs: 34 ms for GPT-2 small's 48 matrices "
+    "on an H200 with a call per shape, its first basis an SVD), "
     "``\"svd\"`` (low-rank DDP's default, GaLore's: exact, but 100x that on a GPU, "
     "whose solver library decomposes one matrix at a time; on CPU 3x), "
     '``"randomized_svd"`` (sketches: workers average sketches instead of matrices; '

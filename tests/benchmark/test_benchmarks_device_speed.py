@@ -118,6 +118,24 @@ def test_times_amortised_and_ratios(result):
     assert row["finite"], row
 
 
+def test_the_refresh_factorizes_every_shape_group_at_once(result):
+  """Read from each compiled refresh: subspace iteration's 2 iterations x 4 Cholesky-QR
+  passes are 8 Cholesky calls (and 8 solves) for all the shape groups together, its
+  Householder fallback one QR per group and iteration; the SVD one call per group."""
+  record, markdown = result
+  rows = by_key(record)
+  shapes = device_speed.block_matrices(device_speed.QUICK["shapes"]).values()
+  groups = len({tuple(x.shape) for x in shapes})
+  assert groups == 4  # GPT-2's four matrix shapes, at the quick size.
+  for dtype in DTYPES:
+    iterated = rows["refresh", dtype, "refresh", "subspace_iteration", False]["solver_calls"]
+    assert iterated == {"cholesky": 8, "triangular_solve": 8, "qr": 2 * groups, "svd": 0, "eigh": 0}
+    exact = rows["refresh", dtype, "refresh", "svd", False]["solver_calls"]
+    assert exact == {"cholesky": 0, "triangular_solve": 0, "qr": 0, "svd": groups, "eigh": 0}
+  assert f"8 cholesky, 8 triangular_solve, {2 * groups} qr" in markdown
+  assert all(row["solver_calls"] is None for row in record["rows"] if row["section"] != "refresh")
+
+
 def test_offload_moves_the_anchor_to_the_host(result):
   record, _ = result
   rows = by_key(record)

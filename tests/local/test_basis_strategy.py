@@ -121,10 +121,37 @@ def worker_matrices(worker):
   return [ref.separated(p, q, RANK, seed=10 * worker + i) for i, (p, q) in enumerate(SHAPES)]
 
 
-@pytest.mark.parametrize("projection", ["svd", "subspace_iteration", "dct"])
+@pytest.mark.parametrize("projection", ["svd", "dct"])
 def test_the_one_sided_methods_use_the_default_bases_of_mean(projection):
   m = bases.method(projection, two_sided=False, options=bases.Options(rank=RANK))
   assert m.bases_of_mean is strategy_lib.bases_of_mean
+
+
+@pytest.mark.parametrize("first", [True, False, "traced True", "traced False"])
+def test_subspace_iteration_refreshes_all_groups_at_once_as_each_alone(first):
+  """Its own bases_of_mean iterates every group together (one factorization per pass
+  for all of them): each basis is the one the group's own compute (or, first, its
+  exact SVD) gives, on a batch of two matrices of each shape."""
+  m = bases.method("subspace_iteration", two_sided=False, options=bases.Options(rank=RANK))
+  strategies = [m.strategy(*shape) for shape in SHAPES]
+  matrices = [
+    jnp.asarray(np.stack([worker_matrices(w)[i] for w in range(2)]), jnp.float32)
+    for i in range(len(SHAPES))
+  ]
+  previous = [
+    jax.vmap(s.init)(jax.random.split(jax.random.key(i), 2)) for i, s in enumerate(strategies)
+  ]
+  keys = [None, None]
+  if isinstance(first, str):
+    traced = jnp.bool_(first == "traced True")
+    got = jax.jit(lambda f: m.bases_of_mean(strategies, matrices, previous, keys, f, list))(traced)
+    first = bool(traced)
+  else:
+    got = m.bases_of_mean(strategies, matrices, previous, keys, first, list)
+  for s, x, old, (basis, ok) in zip(strategies, matrices, previous, got, strict=True):
+    want, want_ok = (s.exact if first else s.compute)(x, old, None)
+    assert ok.shape == (2,) and bool(jnp.all(ok)) and bool(jnp.all(want_ok))
+    np.testing.assert_allclose(basis, want, atol=1e-6)
 
 
 def test_bases_of_mean_with_the_identity_are_each_matrix_own_basis():
@@ -146,10 +173,13 @@ def test_bases_of_mean_with_the_identity_are_each_matrix_own_basis():
   np.testing.assert_allclose(right, ref.top_right(matrices[1], RANK), atol=1e-5)
 
 
+@pytest.mark.parametrize("own", [False, True], ids=["default", "subspace_iteration's"])
 @pytest.mark.parametrize("first", [True, False])
-def test_bases_of_mean_over_workers_are_the_bases_of_the_mean_matrices(first):
-  """One ``mean`` of all the matrices (a pmean over simulated workers), then each basis."""
+def test_bases_of_mean_over_workers_are_the_bases_of_the_mean_matrices(first, own):
+  """One ``mean`` of all the matrices (a pmean over simulated workers), then each basis:
+  with the default bases_of_mean and with subspace iteration's own."""
   m = bases.method("subspace_iteration", two_sided=False, options=bases.Options(rank=RANK))
+  bases_of_mean = m.bases_of_mean if own else strategy_lib.bases_of_mean
   strategies = [m.strategy(*shape) for shape in SHAPES]
   previous = [s.init(jax.random.key(i)) for i, s in enumerate(strategies)]
   calls = []
@@ -159,7 +189,7 @@ def test_bases_of_mean_over_workers_are_the_bases_of_the_mean_matrices(first):
     return [jax.lax.pmean(x, "workers") for x in xs]
 
   def refresh(matrices):
-    return strategy_lib.bases_of_mean(strategies, matrices, previous, [None, None], first, mean)
+    return bases_of_mean(strategies, matrices, previous, [None, None], first, mean)
 
   per_worker = [worker_matrices(w) for w in range(WORKERS)]
   stacked = [jnp.asarray(np.stack([w[i] for w in per_worker]), jnp.float32) for i in range(2)]
@@ -176,7 +206,7 @@ def test_bases_of_mean_over_workers_are_the_bases_of_the_mean_matrices(first):
     for w in range(WORKERS):
       assert bool(ok[w])
       np.testing.assert_allclose(basis[w], want, atol=1e-5)
-  identity = strategy_lib.bases_of_mean(
+  identity = bases_of_mean(
     strategies, [x[0] for x in stacked], previous, [None, None], first, lambda xs: xs
   )
   assert np.max(np.abs(np.asarray(identity[0][0]) - np.asarray(got[0][0][0]))) > 1e-2

@@ -79,7 +79,7 @@ def ranges(
     with ``flip``, the other way round)."""
     pairs = zip(matrices, factors, lefts, strict=True)
     products = mean([times(x, f, left != flip) for x, f, left in pairs])
-    results = [sharded.orthonormal(y) for y in products]
+    results = sharded.orthonormal(products)
     oks[:] = [ok & new_ok for ok, (_, new_ok) in zip(oks, results, strict=True)]
     return [q for q, _ in results]
 
