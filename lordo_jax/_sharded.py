@@ -276,7 +276,20 @@ def _inverse_factors(grams: list[jax.Array]) -> list[jax.Array]:
   """:math:`L^{-1}` of each ``r x r`` Gram's Cholesky factor L: the Grams of one size
   and dtype stacked into one batched factorization and one solve (an accelerator's
   solver library spends its time per call, not per small matrix); a Gram split over a
-  mesh axis (its batch axis) alone."""
+  mesh axis (its batch axis) alone. On the CPU of jaxlib before 0.12, which factorizes
+  a batch one matrix at a time anyway (:func:`_batched`), each Gram keeps its own call:
+  stacking gains nothing there, and changes how XLA compiles the program around it."""
+  if not _CPU_BATCHES_HANG:
+    return _stacked_inverse_factors(grams)
+  return jax.lax.platform_dependent(
+    *grams,
+    cpu=lambda *each: [_inverse_lower(_cholesky(gram)) for gram in each],
+    default=lambda *each: _stacked_inverse_factors(list(each)),
+  )
+
+
+def _stacked_inverse_factors(grams: list[jax.Array]) -> list[jax.Array]:
+  """:func:`_inverse_factors`, the Grams of one size and dtype (unsplit) stacked."""
   inverses: list = [None] * len(grams)
   together: dict = {}
   for i, gram in enumerate(grams):

@@ -18,6 +18,7 @@ import pathlib
 import subprocess
 import sys
 
+import jax
 import pytest
 
 from lordo_jax.methods import lordo as lordo_lib
@@ -127,12 +128,22 @@ def test_the_refresh_factorizes_every_shape_group_at_once(result):
   shapes = device_speed.block_matrices(device_speed.QUICK["shapes"]).values()
   groups = len({tuple(x.shape) for x in shapes})
   assert groups == 4  # GPT-2's four matrix shapes, at the quick size.
+  # The CPU of jaxlib before 0.12 loops over a batch's matrices: there each group keeps
+  # its own call per pass.
+  looped = jax.__version_info__ < (0, 12)
+  calls = 8 * (groups if looped else 1)
   for dtype in DTYPES:
     iterated = rows["refresh", dtype, "refresh", "subspace_iteration", False]["solver_calls"]
-    assert iterated == {"cholesky": 8, "triangular_solve": 8, "qr": 2 * groups, "svd": 0, "eigh": 0}
+    assert iterated == {
+      "cholesky": calls,
+      "triangular_solve": calls,
+      "qr": 2 * groups,
+      "svd": 0,
+      "eigh": 0,
+    }
     exact = rows["refresh", dtype, "refresh", "svd", False]["solver_calls"]
     assert exact == {"cholesky": 0, "triangular_solve": 0, "qr": 0, "svd": groups, "eigh": 0}
-  assert f"8 cholesky, 8 triangular_solve, {2 * groups} qr" in markdown
+  assert f"{calls} cholesky, {calls} triangular_solve, {2 * groups} qr" in markdown
   assert all(row["solver_calls"] is None for row in record["rows"] if row["section"] != "refresh")
 
 

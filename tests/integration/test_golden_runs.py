@@ -8,9 +8,7 @@ same bits: a change of structure that changes a number is a change of behaviour.
 
 A change that is meant to round differently (the batched refresh: a stack of
 matrices factorised at once, Cholesky-QR instead of Householder QR, both the same
-mathematics to float32 rounding; the joint factorization: the ``r x r`` Grams of every
-shape group of a refresh in one call, whose program XLA compiles differently, by one
-float32 ulp in one configuration's first basis) starts a new generation of recordings, in
+mathematics to float32 rounding) starts a new generation of recordings, in
 ``tests/golden/<generation>/``, made on the hosts at hand. A run is compared bit for
 bit with the newest generation's recording of its JAX version on its CPU, and, for
 every generation, with the recording of the nearest JAX version on its CPU (or the
@@ -179,7 +177,7 @@ def host():
 
 
 # The generations of recordings, oldest first: a folder of tests/golden each ("": itself).
-GENERATIONS = ("", "batched_refresh", "joint_factorization")
+GENERATIONS = ("", "batched_refresh")
 
 
 def _recordings(generation: str) -> dict[tuple, pathlib.Path]:

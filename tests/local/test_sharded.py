@@ -7,6 +7,8 @@ by rows; beyond, and for rank-deficient or zero matrices, a matrix falls back al
 Householder QR (unsplit) or reports ``ok=False`` (split), never a NaN.
 """
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -145,18 +147,36 @@ def test_the_groups_of_a_refresh_are_orthonormalised_as_each_would_be_alone():
 
 def test_the_groups_share_one_factorization_per_pass_and_one_fallback():
   """Every Gram is ``r x r`` whatever the group's n: the four passes are four
-  Cholesky calls over all the groups' matrices, and the fallback one conditional."""
+  Cholesky calls over all the groups' matrices, and the fallback one conditional.
+  (On the CPU of jaxlib before 0.12, which loops over a batch's matrices anyway, each
+  group keeps its own call per pass.)"""
   text = jax.jit(sharded.orthonormal).lower(_groups()).compile().as_text()
   cholesky = hlo.linear_algebra_calls(text, "cholesky")
-  assert len(cholesky) == 4 and all(c.depth == 0 for c in cholesky)
-  matrices = sum(count for count, _, _ in GROUPS)
   looped = jax.default_backend() == "cpu" and jax.__version_info__ < (0, 12)
+  assert len(cholesky) == 4 * (len(GROUPS) if looped else 1)
+  assert all(c.depth == 0 for c in cholesky)
+  matrices = sum(count for count, _, _ in GROUPS)
   dims = lambda call: call.result_type.split("[", 1)[1].split("]", 1)[0]  # noqa: E731
-  assert all(c.in_loop == looped for c in cholesky)
+  # A group of one matrix is a call of one (in no loop) where it keeps its own.
+  assert all(c.in_loop == looped or dims(c) == "8,8" for c in cholesky)
   assert all(dims(c) == ("8,8" if looped else f"{matrices},8,8") for c in cholesky)
   qr = hlo.linear_algebra_calls(text, "qr")
   assert len(qr) == len(GROUPS) and all(c.depth == 1 for c in qr)
   assert sum(" conditional(" in line for _, line in hlo.lines_by_depth(text)) == 1
+
+
+def test_the_program_for_a_gpu_stacks_the_groups_grams():
+  """Lowered for CUDA (no GPU needed): each pass one Cholesky call and one triangular
+  solve of all the groups' ``r x r`` Grams, stacked, whatever JAX does on this CPU."""
+  text = jax.jit(sharded.orthonormal).trace(_groups()).lower(lowering_platforms=("cuda",))
+  text = text.as_text()
+  stack = f"tensor<{sum(count for count, _, _ in GROUPS)}x8x8xf32>"
+  cholesky = [line for line in text.splitlines() if re.search(r"\bcall @cholesky\(", line)]
+  solves = [line for line in text.splitlines() if "stablehlo.triangular_solve" in line]
+  assert len(cholesky) == len(solves) == 4
+  assert all(f"({stack}) -> {stack}" in line for line in cholesky)
+  assert all(f"({stack}, {stack})" in line for line in solves)
+  assert "cusolver_potrf_ffi" in text
 
 
 def test_a_failing_matrix_of_one_group_falls_back_alone():
