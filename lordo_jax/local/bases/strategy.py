@@ -4,7 +4,7 @@ r"""The basis strategy: one projection method, for one ``p x q`` matrix, as a va
 asks of one matrix's basis (its docstring has the interface and the rules every basis
 keeps); a :class:`Method` makes the strategy of every matrix shape and the bases of the
 workers' mean, and :class:`Options` holds what methods read. :func:`canonical_signs`,
-:func:`checked` and :func:`bases_of_mean` are helpers the methods share.
+:func:`checked`, :func:`by_first` and :func:`bases_of_mean` are helpers the methods share.
 """
 
 from collections.abc import Callable
@@ -166,16 +166,24 @@ def checked(basis: Any, previous: Any, batch_ndim: int = 0, ok=True) -> tuple[An
   return jax.tree.map(kept, basis, previous), ok
 
 
+def by_first(first, exact: Callable, compute: Callable):
+  """``exact()`` for a run's first basis, else ``compute()``: ``first`` a bool, or a
+  traced bool that picks one in a ``lax.cond``."""
+  if first is True or first is False:
+    return exact() if first else compute()
+  return jax.lax.cond(first, exact, compute)
+
+
 def compute_of(strategy: BasisStrategy, first) -> Callable:
-  """The ``compute`` of one refresh: ``exact`` for a run's first basis (``first`` a
-  bool, or a traced bool that picks it in a ``lax.cond``), else ``compute``."""
-  exact = strategy.exact or strategy.compute
-  if first is True:
-    return exact
+  """The ``compute`` of one refresh: ``exact`` for a run's first basis (:func:`by_first`),
+  else ``compute``."""
   if first is False or strategy.exact is None:
     return strategy.compute
-  return lambda matrix, previous, key: jax.lax.cond(
-    first, lambda: exact(matrix, previous, key), lambda: strategy.compute(matrix, previous, key)
+  if first is True:
+    return strategy.exact
+  exact, compute = strategy.exact, strategy.compute
+  return lambda x, previous, key: by_first(
+    first, lambda: exact(x, previous, key), lambda: compute(x, previous, key)
   )
 
 

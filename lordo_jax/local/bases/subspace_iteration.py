@@ -78,9 +78,7 @@ def method(options: strategy_lib.Options) -> strategy_lib.Method:
     def iterated():
       return refined(averaged, previous, [s.side == "left" for s in strategies])
 
-    if first is True or first is False:
-      return exact() if first else iterated()
-    return jax.lax.cond(first, exact, iterated)
+    return strategy_lib.by_first(first, exact, iterated)
 
   dense = one_sided.dense_method(
     options, compute, exact=lambda left: svd.compute(options.rank, left)
