@@ -362,14 +362,28 @@ def schedule_summary(hlo_text: str) -> dict:
 # -- Compiling the example LM's step (in a child process) ---------------------------------
 
 
-def compiled_text(method: str, overlap, phase: str | None, preset: str) -> str:
-  """The optimised HLO of the LM's step for ``method`` with ``overlap``, compiled for
-  :data:`WORKERS` workers on abstract inputs (nothing is allocated)."""
-  model_config = model.PRESETS[preset]
-  rank = min(32, model_config.d_model // 4)
-  config = train.TrainConfig(num_workers=WORKERS, rank=rank, overlap=overlap)
+def lm_step(
+  method: str,
+  overlap,
+  phase: tuple[str, str] | None,
+  model_config: model.ModelConfig,
+  mesh: jax.sharding.Mesh,
+  workers: int,
+  fsdp: int = 1,
+  batch_size: int | None = None,
+  rank: int | None = None,
+):
+  """The example LM's jitted step for ``method`` with ``overlap`` (``phase``: the step's
+  static phase as ``(keyword, value)``, ``train.make_step``'s) on ``mesh`` (``train.make_mesh``'s
+  axes: ``workers`` x ``data``, x ``fsdp`` when ``fsdp > 1``), and its arguments as
+  ``jax.ShapeDtypeStruct`` objects with the run's shardings: ``(step, args)``; nothing is
+  allocated, and ``mesh`` may be a topology's (a GPU compiled for on a CPU host).
+  ``rank`` (``None``: d/4 up to 32) and ``batch_size`` windows per worker (``None``: the
+  example's) as ``train.TrainConfig`` takes them."""
+  rank = min(32, model_config.d_model // 4) if rank is None else rank
+  batch = {} if batch_size is None else {"batch_size": batch_size}
+  config = train.TrainConfig(num_workers=workers, rank=rank, overlap=overlap, fsdp=fsdp, **batch)
   tx = train.make_optimizer(method, config)
-  mesh = train.make_mesh(WORKERS)
   apply, _ = model.init(model_config, 0)
   one = model.param_shapes(model_config)
 
@@ -380,12 +394,12 @@ def compiled_text(method: str, overlap, phase: str | None, preset: str) -> str:
       shardings,
     )
 
-  stacked = jax.eval_shape(lambda p: train.stack(p, WORKERS), one)
-  params = placed(stacked, train.param_shardings(mesh, stacked, 1))
+  stacked = jax.eval_shape(lambda p: train.stack(p, workers), one)
+  params = placed(stacked, train.param_shardings(mesh, stacked, fsdp))
   state_shardings = lordo_jax.state_sharding(tx, params, worker_axis=train.AXIS)
-  state = placed(jax.eval_shape(lambda p: train.stack(tx.init(p), WORKERS), one), state_shardings)
+  state = placed(jax.eval_shape(lambda p: train.stack(tx.init(p), workers), one), state_shardings)
   batch = jax.ShapeDtypeStruct(
-    (WORKERS, config.batch_size, model_config.seq_len + 1),
+    (workers, config.batch_size, model_config.seq_len + 1),
     "int32",
     sharding=NamedSharding(mesh, P(train.AXIS, train.DATA_AXIS)),
   )
@@ -395,9 +409,18 @@ def compiled_text(method: str, overlap, phase: str | None, preset: str) -> str:
     NamedSharding(mesh, P(train.AXIS)),
   )
   state_spec = jax.tree.map(lambda _: P(train.AXIS), state)
+  step = train.make_step(apply, tx, mesh, state_spec, out_shardings=layout, phase=phase)
+  return step, (params, state, batch)
+
+
+def compiled_text(method: str, overlap, phase: str | None, preset: str) -> str:
+  """The optimised HLO of the LM's step for ``method`` with ``overlap``, compiled for
+  :data:`WORKERS` workers on abstract inputs (nothing is allocated)."""
   static = None if phase is None else ("overlap_phase", phase)
-  step = train.make_step(apply, tx, mesh, state_spec, out_shardings=layout, phase=static)
-  return step.lower(params, state, batch).compile().as_text()
+  step, args = lm_step(
+    method, overlap, static, model.PRESETS[preset], train.make_mesh(WORKERS), WORKERS
+  )
+  return step.lower(*args).compile().as_text()
 
 
 def compile_all(args: argparse.Namespace) -> dict:

@@ -76,7 +76,8 @@ def parse_args(argv=None):
 
 
 def _batches_by_default() -> bool:
-  """Whether this platform's local step is batched by shape group."""
+  """Whether the local step compiled for this platform (where the study runs it) is
+  batched by shape group."""
   return jax.default_backend() not in shape_groups.PER_MATRIX_STEP_PLATFORMS
 
 
@@ -86,15 +87,15 @@ REGROUPED = f"{speed.PHASED}, {'per matrix' if _batches_by_default() else 'batch
 
 @contextlib.contextmanager
 def _other_grouping():
-  """Traces made inside take the local step's other grouping (the policy is read when
-  a step is traced)."""
-  saved = shape_groups.PER_MATRIX_STEP_PLATFORMS
-  other = (jax.default_backend(),) if _batches_by_default() else ()
-  shape_groups.PER_MATRIX_STEP_PLATFORMS = other
+  """Traces made inside take the local step's other grouping, whatever they are compiled
+  for (:data:`~lordo_jax.local._shape_groups.FORCED_STEP_GROUPING`, read when a step is
+  traced)."""
+  saved = shape_groups.FORCED_STEP_GROUPING
+  shape_groups.FORCED_STEP_GROUPING = "per_matrix" if _batches_by_default() else "batched"
   try:
     yield
   finally:
-    shape_groups.PER_MATRIX_STEP_PLATFORMS = saved
+    shape_groups.FORCED_STEP_GROUPING = saved
 
 
 def regrouped(make) -> speed.Candidate:

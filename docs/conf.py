@@ -9,6 +9,7 @@ the site itself (sphinx-mathjax-offline), so a page needs no network.
 
 import ast
 import inspect
+import os
 import pathlib
 import re
 import sys
@@ -16,6 +17,9 @@ import textwrap
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+# The pages are built on the CPU; where the CUDA plugin is installed (the test extra, for
+# deviceless GPU compiles) it would otherwise look for a GPU and log a traceback.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import optax  # noqa: E402
 

@@ -136,6 +136,15 @@ def _listing(header: str, lines: list[str]) -> Iterator[str]:
       yield f"    ... and {len(lines) - _SHOWN} more"
 
 
+def _without_empty_extras(saved: list[dict], like: Any) -> list[dict]:
+  """The saved leaves less those with no elements that ``like`` does not have: nothing
+  of them was written, and nothing is lost without them (a state saved when the error
+  buffer of a matrix without error feedback was a ``(0,)`` array restores into today's,
+  where it is ``()``)."""
+  target = {_normalised(leaf) for leaf in _describe(like)}
+  return [leaf for leaf in saved if _normalised(leaf) in target or 0 not in leaf["shape"]]
+
+
 def check_layout(
   saved: list[dict], like: Any, *, item: str, where: str, saved_type: str | None = None
 ) -> None:
@@ -166,7 +175,7 @@ def check_layout(
     refused
   """
   target = {_normalised(leaf): leaf for leaf in _describe(like)}
-  stored = {_normalised(leaf): leaf for leaf in saved}
+  stored = {_normalised(leaf): leaf for leaf in _without_empty_extras(saved, like)}
   missing = [leaf["path"] for key, leaf in stored.items() if key not in target]
   extra = [leaf["path"] for key, leaf in target.items() if key not in stored]
   differing = []
@@ -308,7 +317,7 @@ class Checkpointer:
 
     args = {}
     for item, like in likes.items():
-      leaves = layout[item]["leaves"]
+      leaves = _without_empty_extras(layout[item]["leaves"], like)
       by_key = _by_saved_key(leaves, like)
       targets = [
         jax.ShapeDtypeStruct(
@@ -383,10 +392,11 @@ def save(directory, step: int, params: Any, opt_state: Any, *, metadata: dict | 
   every process writing its own shards of a sharded array). Each tree is saved as a
   nested dict whose keys are the entries of its leaves' key paths, next to a JSON
   ``layout`` item: every leaf's key path, shape and dtype, which :func:`restore`
-  checks before reading anything. Leaves with no elements (the error buffer when
-  error feedback is off is ``(0,)``) are recorded in the layout but not written
-  (orbax refuses zero-size arrays). :class:`Checkpointer` does the same without
-  blocking.
+  checks before reading anything. Leaves with no elements are recorded in the layout
+  but not written (orbax refuses zero-size arrays); one that the target lacks is
+  skipped on restore (before this version, the error buffer of a matrix without error
+  feedback was such a ``(0,)`` leaf; it is ``()`` now). :class:`Checkpointer` does the
+  same without blocking.
 
   Args:
     directory: where the step directories go (created if missing).

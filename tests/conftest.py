@@ -1,6 +1,6 @@
 """Test configuration, set once before JAX starts.
 
-* Eight simulated CPU devices.
+* Eight simulated CPU devices, and the CPU as JAX's only platform (``JAX_PLATFORMS``).
 * One persistent XLA compilation cache for the whole run: the pytest process, its
   xdist workers and every subprocess a test starts (the LM job, the benchmarks) inherit
   its directory through the environment, so a program compiled once (the same model
@@ -29,6 +29,10 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
   os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="lordo_jax_xla_cache_")
   atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+# The suite runs on the CPU. The test extra's CUDA plugin (deviceless GPU compiles) would
+# otherwise try to start a GPU in every process and log a traceback where none is found;
+# with the CPU named, it only registers its compiler.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 try:
   import jax

@@ -43,8 +43,9 @@ def rounds(state: Any) -> int:
 
 def error_norm(state: Any) -> float | None:
   """Frobenius norm of all error-feedback buffers of worker 0; None when they are off."""
-  errors = [_worker0(m.error) for m in _nodes(state, lordo_jax.LowRankMoments)]
-  errors = [e for e in errors if e.size]
+  errors = [
+    _worker0(e) for m in _nodes(state, lordo_jax.LowRankMoments) for e in jax.tree.leaves(m.error)
+  ]
   if not errors:
     return None
   return math.sqrt(sum(float(np.sum(np.square(e, dtype=np.float64))) for e in errors))

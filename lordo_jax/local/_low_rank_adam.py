@@ -42,7 +42,9 @@ class LowRankMoments(NamedTuple):
   basis: jax.Array | DCTBasis | TwoSidedBasis
   mu: jax.Array  # First moment u, float32: r x q (left), p x r (right), r x r (two-sided).
   nu: jax.Array  # Second moment v, float32, shaped like u.
-  error: jax.Array  # Error-feedback buffer E, p x q (the leaf's matrix); shape (0,) when off.
+  # Error-feedback buffer E, p x q (the leaf's matrix); () when off: no leaf to store,
+  # copy or checkpoint (a (0,) array was copied into each matrix's output every step).
+  error: jax.Array | tuple
 
 
 class LowRankAdamState(NamedTuple):
@@ -189,7 +191,7 @@ def _init_leaf(c: _Config, x, axes, key) -> LowRankMoments:
     shape = batch + routing.matrix_shape(x.shape, axes)
     error = sharded.zeros(shape, jnp.dtype(c.options.error_feedback_dtype), unsplit + spec, x)
   else:
-    error = jnp.zeros((0,), jnp.float32)
+    error = ()
   return LowRankMoments(basis, mu, nu, error)
 
 
@@ -331,13 +333,18 @@ class _Listed(NamedTuple):
     return shape_groups.unstack(tree, [self.matrices[i].shape[:-2] for i in group])
 
 
-def _listed_step(c: _Config, state, updates) -> _Listed:
-  """The matrices of ``updates``, grouped as :func:`._shape_groups.step_groups` says."""
+def _grouped(c: _Config, state, updates, compute: Callable[[_Listed], Any]) -> Any:
+  """``compute(listed)``, ``listed`` the matrices of ``updates`` grouped as the platform
+  the program is compiled for steps them (:func:`._shape_groups.step_grouped`: traced
+  once per grouping where they differ). The one place a local step's grouping is chosen:
+  ``compute`` gives a tree that does not depend on it."""
   axes = _listed(state.moments, _axes_of(c, updates))
   leaves = _listed(state.moments, updates)
   matrices = [routing.to_matrix(g, a) for g, a in zip(leaves, axes, strict=True)]
   moments = _listed(state.moments, state.moments)
-  return _Listed(moments, leaves, axes, matrices, shape_groups.step_groups(matrices))
+  return shape_groups.step_grouped(
+    matrices, lambda groups: compute(_Listed(moments, leaves, axes, matrices, groups))
+  )
 
 
 class _GroupProjection(NamedTuple):
@@ -371,10 +378,15 @@ def _stepped_by_group(c: _Config, listed: _Listed, count, projected: list[_Group
   directions, moments = [None] * len(listed.leaves), [None] * len(listed.leaves)
   for group, p in zip(listed.groups, projected, strict=True):
     s = c.method.strategy(*listed.matrices[group[0]].shape[-2:])
-    mu = listed.stacked([m.mu for m in listed.moments], group)
-    nu = listed.stacked([m.nu for m in listed.moments], group)
-    new_mu = c.options.b1 * mu + (1 - c.options.b1) * p.coordinates
-    new_nu = c.options.b2 * nu + (1 - c.options.b2) * p.coordinates**2
+    # Each matrix's moments from its own buffers and its part of the coordinates, then
+    # stacked: every buffer is read once, by its own update, which XLA does in place
+    # (stacked first, each buffer read again after its update is written, XLA copies
+    # it: two copies per matrix).
+    new_mu_of, new_nu_of = {}, {}
+    for i, x in zip(group, listed.unstacked(p.coordinates, group), strict=True):
+      new_mu_of[i] = c.options.b1 * listed.moments[i].mu + (1 - c.options.b1) * x
+      new_nu_of[i] = c.options.b2 * listed.moments[i].nu + (1 - c.options.b2) * x**2
+    new_mu, new_nu = listed.stacked(new_mu_of, group), listed.stacked(new_nu_of, group)
     denominator = jnp.sqrt(new_nu / (1 - c.options.b2**count)) + c.options.eps
     numerator = qh_momentum(p.coordinates, new_mu / (1 - c.options.b1**count), c.options.qh_nu)
     if c.options.low_rank_term == "adam":
@@ -400,8 +412,8 @@ def _stepped_by_group(c: _Config, listed: _Listed, count, projected: list[_Group
     unstacked = zip(
       group,
       listed.unstacked(direction, group),
-      listed.unstacked(new_mu, group),
-      listed.unstacked(new_nu, group),
+      [new_mu_of[i] for i in group],
+      [new_nu_of[i] for i in group],
       new_errors,
       strict=True,
     )
@@ -420,9 +432,8 @@ def _stepped(c: _Config, state, listed: _Listed, projected: list[_GroupProjectio
   return _unlisted(state.moments, directions), moments
 
 
-def _project(c: _Config, updates, state) -> Projected:
-  """:attr:`LowRankAdam.project`: ``c = project(Q, G + E)`` and ``E = A - unproject(Q, c)``."""
-  listed = _listed_step(c, state, updates)
+def _projected(c: _Config, state, listed: _Listed) -> Projected:
+  """The projection of ``listed``'s groups (:func:`_projected_by_group`), as trees."""
   n = len(listed.leaves)
   coordinates, errors, bases = [None] * n, [None] * n, [None] * n
   for group, p in zip(listed.groups, _projected_by_group(c, listed), strict=True):
@@ -436,21 +447,29 @@ def _project(c: _Config, updates, state) -> Projected:
   return Projected(as_tree(coordinates), as_tree(errors), as_tree(bases))
 
 
+def _project(c: _Config, updates, state) -> Projected:
+  """:attr:`LowRankAdam.project`: ``c = project(Q, G + E)`` and ``E = A - unproject(Q, c)``."""
+  return _grouped(c, state, updates, functools.partial(_projected, c, state))
+
+
 def _step(c: _Config, updates, state, projected: Projected):
   """:attr:`LowRankAdam.step`: the moments and the direction from given coordinates."""
-  listed = _listed_step(c, state, updates)
   coordinates = _listed(state.moments, projected.coordinates)
   errors = _listed(state.moments, projected.errors)
   bases = _listed(state.moments, projected.bases)
-  groups = [
-    _GroupProjection(
-      listed.stacked(coordinates, group),
-      listed.stacked(errors, group) if c.options.error_feedback else None,
-      listed.stacked(bases, group),
-    )
-    for group in listed.groups
-  ]
-  return _stepped(c, state, listed, groups)
+
+  def step(listed: _Listed):
+    groups = [
+      _GroupProjection(
+        listed.stacked(coordinates, group),
+        listed.stacked(errors, group) if c.options.error_feedback else None,
+        listed.stacked(bases, group),
+      )
+      for group in listed.groups
+    ]
+    return _stepped(c, state, listed, groups)
+
+  return _grouped(c, state, updates, step)
 
 
 def _update(c: _Config, updates, state, params=None):
@@ -460,8 +479,11 @@ def _update(c: _Config, updates, state, params=None):
   now = _refresh_due(c, count)
   if now is not None:
     state = jax.lax.cond(now, lambda: _refresh(c, state, updates, first=count == 1), lambda: state)
-  listed = _listed_step(c, state, updates)
-  return _stepped(c, state, listed, _projected_by_group(c, listed))
+
+  def step(listed: _Listed):
+    return _stepped(c, state, listed, _projected_by_group(c, listed))
+
+  return _grouped(c, state, updates, step)
 
 
 def _basis_options(options: low_rank_options.LowRankOptions) -> bases_lib.Options:
@@ -531,9 +553,12 @@ def scale_by_low_rank_adam(
   computes their bases, and carries their moments, in one batched computation; a leaf
   that is itself a stack of matrices (``matrix_axes`` with a ``batch`` axis, a scanned
   model's ``(layers, p, q)`` kernel) is projected and stepped batched, each matrix with
-  its own basis and moments. On a GPU or TPU the local step stacks the matrices of one
-  shape and layout too (a few kernels per shape, not per matrix); on a CPU, where
-  stacking the gradients costs more than it saves, it steps one leaf at a time.
+  its own basis and moments. Compiled for a GPU or TPU, the local step stacks the matrices
+  of one shape and layout too (a few kernels per shape, not per matrix); compiled for a
+  CPU, where stacking the gradients costs more than it saves, it steps one leaf at a time.
+  The choice follows the platform the program is compiled for, not the host's
+  (``jax.lax.platform_dependent``): a GPU program compiled ahead of time on a CPU
+  host is batched.
 
   The error buffer E exists only with ``error_feedback=True``. When the basis is
   refreshed, the moments are carried into the new one (``transport``, MATH.md §4.6):

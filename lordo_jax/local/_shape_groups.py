@@ -1,12 +1,14 @@
 """Matrices of one shape and layout, stacked: one batched computation per group.
 
 :func:`groups` partitions a list of matrices (each ``(*batch, p, q)``) by shape, layout
-and dtype (a refresh's groups); :func:`step_groups` those of a local step, which depend
-on the platform; :func:`stack` puts a group's entries (trees whose leaves lead with their
-matrix's batch axes) along one leading axis, and :func:`unstack` takes them apart.
+and dtype (a refresh's groups); :func:`step_grouped` computes a local step with the
+grouping of the platform the program is compiled for; :func:`stack` puts a group's entries
+(trees whose leaves lead with their matrix's batch axes) along one leading axis, and
+:func:`unstack` takes them apart.
 """
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -38,13 +40,36 @@ def groups(matrices: list[jax.Array]) -> list[list[int]]:
 # one, 40 batched); on a GPU each matrix's 5 to 6 kernels cost a launch each.
 PER_MATRIX_STEP_PLATFORMS = ("cpu",)
 
+# The grouping every local step takes whatever it is compiled for, while set: "per_matrix"
+# or "batched" (a benchmark or a test comparing the two on one platform); None, the
+# default: the compile target's (:func:`step_grouped`). Read when a step is traced.
+FORCED_STEP_GROUPING: str | None = None
 
-def step_groups(matrices: list[jax.Array]) -> list[list[int]]:
-  """The groups a local step projects and steps at once: :func:`groups` on an
-  accelerator, one matrix each on a platform of :data:`PER_MATRIX_STEP_PLATFORMS`."""
-  if jax.default_backend() in PER_MATRIX_STEP_PLATFORMS:
-    return [[i] for i in range(len(matrices))]
-  return groups(matrices)
+
+def step_grouped(matrices: list[jax.Array], step: Callable[[list[list[int]]], Any]) -> Any:
+  """``step(groups)``, the local step of ``matrices`` computed with ``groups`` the indices
+  stepped at once: one matrix each on a platform of :data:`PER_MATRIX_STEP_PLATFORMS`,
+  the shape groups (:func:`groups`) on any other.
+
+  The platform is the one the program is lowered for, not the host's: a GPU program
+  compiled on a CPU host (deviceless ahead-of-time compilation) is batched. The step is
+  traced once per grouping and :func:`jax.lax.platform_dependent` keeps the target's at
+  lowering, so each grouping must give the same tree. Where the two groupings are one
+  (no two matrices share a group), or :data:`FORCED_STEP_GROUPING` names one, the step is
+  traced once, with no choice in the program.
+  """
+  per_matrix = [[i] for i in range(len(matrices))]
+  batched = groups(matrices)
+  if FORCED_STEP_GROUPING is not None:
+    return step({"per_matrix": per_matrix, "batched": batched}[FORCED_STEP_GROUPING])
+  if batched == per_matrix:
+    return step(batched)
+
+  def one_each():  # One function for every platform named: one branch, traced once.
+    return step(per_matrix)
+
+  per_platform = dict.fromkeys(PER_MATRIX_STEP_PLATFORMS, one_each)
+  return jax.lax.platform_dependent(default=lambda: step(batched), **per_platform)
 
 
 def stack(entries: list[Any], batch_shapes: list[tuple[int, ...]]) -> Any:

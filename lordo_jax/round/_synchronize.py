@@ -468,7 +468,7 @@ def _errors_dropped_if_absent(inner_state, present):
     return inner_state
 
   def drop(m):
-    return m._replace(error=jnp.where(present, m.error, jnp.zeros_like(m.error)))
+    return m._replace(error=jax.tree.map(lambda e: jnp.where(present, e, 0), m.error))
 
   moments = low_rank_lib.map_matrices(drop, node.moments)
   return moment_trees.with_low_rank_state(inner_state, node._replace(moments=moments))

@@ -102,7 +102,7 @@ def warm_start_state(source_state: Any, target_state: Any, *, moments: str = "ke
   ``LowRankMoments.mu, nu`` (u, v; r-sized)    ``mu, nu`` (``moments="keep"``) or zeros
                                                (``"reset"``: the authors' switch)
   ``LowRankMoments.error`` E (p x q)           ``error``, when both have error feedback;
-                                               else the target's (zeros, or ``(0,)``)
+                                               else the target's (zeros, or ``()``)
   ``LowRankAdamState.count``                   ``count`` (the bias correction continues)
   ``ScaleByAdamState.count, mu, nu`` (the      ``count``; ``mu, nu`` as the low-rank
   full-rank leaves' Adam, or QHAdam)           moments (kept, or zeros with "reset")

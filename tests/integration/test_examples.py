@@ -17,6 +17,8 @@ import sys
 
 import pytest
 
+from tests.helpers import stderr as stderr_lib
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -236,7 +238,7 @@ def test_bad_input_fails_before_training_with_one_line(tmp_path):
   }
   for name, proc in procs.items():
     stdout, stderr = proc.communicate(timeout=120)
-    lines = [line for line in stderr.splitlines() if line.strip()]
+    lines = stderr_lib.error_lines(stderr)
     assert proc.returncode != 0, name
     assert len(lines) == 1, (name, stderr)
     assert BAD_INPUTS[name][1] in lines[0], (name, lines[0])

@@ -22,6 +22,7 @@ import lordo_jax
 from lordo_jax import checkpoint
 from tests.helpers import lm_example
 from tests.helpers import readme_examples
+from tests.helpers import stderr as stderr_lib
 from tests.helpers.lm_example import PRESET
 from tests.helpers.lm_example import checkpoints
 from tests.helpers.lm_example import model
@@ -182,7 +183,7 @@ def test_main_resumes_on_fewer_workers_and_refuses_a_worker_it_does_not_have(tmp
   assert result["resumed_from"] == 8 and len(result["train_loss"]) == 16
   bad = lm_example_main("--workers", "4", "--absent", "4:1-2", out=tmp_path / "x")
   _, stderr = bad.communicate(timeout=120)
-  lines = [line for line in stderr.splitlines() if line.strip()]
+  lines = stderr_lib.error_lines(stderr)
   assert bad.returncode == 2 and len(lines) == 1, stderr
   assert "--absent 4:1-2: give a worker in 0..3" in lines[0]
 

@@ -24,6 +24,7 @@ import pytest
 import lordo_jax
 from lordo_jax import checkpoint
 from tests.helpers import lm_example
+from tests.helpers import stderr as stderr_lib
 from tests.helpers.lm_example import EXAMPLES
 from tests.helpers.lm_example import PRESET
 from tests.helpers.lm_example import main
@@ -194,7 +195,7 @@ def test_main_trains_sharded_and_offloaded_and_refuses_offload_without_an_anchor
   good = main_py("--methods", "lordo", "--fsdp", "2", "--offload", out=tmp_path / "ok")
   refused = main_py("--methods", "lordo,ddp", "--offload", out=tmp_path / "no")
   _, stderr = refused.communicate(timeout=120)
-  lines = [line for line in stderr.splitlines() if line.strip()]
+  lines = stderr_lib.error_lines(stderr)
   assert refused.returncode == 2 and len(lines) == 1, stderr
   assert "--offload: ddp has no anchor" in lines[0] and "among lordo," in lines[0]
   assert not (tmp_path / "no").exists()

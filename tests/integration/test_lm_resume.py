@@ -21,6 +21,7 @@ import pytest
 
 from lordo_jax import checkpoint
 from tests.helpers import lm_example
+from tests.helpers import stderr as stderr_lib
 from tests.helpers.lm_example import EXAMPLES
 from tests.helpers.lm_example import PRESET
 from tests.helpers.lm_example import checkpoints
@@ -175,7 +176,7 @@ def test_main_stops_resumes_and_rejects_what_cannot_resume(tmp_path):
   }  # fmt: skip
   for expected, proc in bad.items():
     _, stderr = proc.communicate(timeout=120)
-    lines = [line for line in stderr.splitlines() if line.strip()]
+    lines = stderr_lib.error_lines(stderr)
     assert proc.returncode == 2, (expected, stderr)
     assert len(lines) == 1 and expected in lines[0], (expected, stderr)
   assert not (tmp_path / "x").exists()

@@ -1,13 +1,14 @@
 """A local step batched by shape group equals the step taken one matrix at a time.
 
-On an accelerator, low-rank Adam projects and steps the matrices of one shape and layout
-in one batched computation (:func:`lordo_jax.local._shape_groups.step_groups`), so a
-transformer's layers cost a few kernels instead of a few per matrix; on a CPU it keeps
-one matrix at a time, where stacking the gradients would cost more than it saves. Here,
-on a CPU, the batched step is forced (``PER_MATRIX_STEP_PLATFORMS = ()``) and compared
-with the per-matrix one: every projection method, both sides, 2-D and stacked leaves,
-error feedback and the authors' variants, low-rank DDP's ``project``/``step`` entry
-points, ``lordo`` itself, and FSDP-split matrices on ``Explicit`` and ``Auto`` meshes.
+Compiled for an accelerator, low-rank Adam projects and steps the matrices of one shape
+and layout in one batched computation (:func:`lordo_jax.local._shape_groups.step_grouped`),
+so a transformer's layers cost a few kernels instead of a few per matrix; compiled for a
+CPU it keeps one matrix at a time, where stacking the gradients would cost more than it
+saves. Here, on a CPU, the batched step is forced (``FORCED_STEP_GROUPING = "batched"``)
+and compared with the per-matrix one: every projection method, both sides, 2-D and
+stacked leaves, error feedback and the authors' variants, low-rank DDP's
+``project``/``step`` entry points, ``lordo`` itself, and FSDP-split matrices on
+``Explicit`` and ``Auto`` meshes.
 The compiled programs are read for the products: two per group, not two per matrix.
 Tolerances: float32 rounding of a batched and an unbatched program.
 """
@@ -96,13 +97,21 @@ def _trajectory(tx, params, steps=STEPS):
 
 
 def test_a_platform_the_policy_names_steps_one_matrix_at_a_time(monkeypatch):
-  """The policy itself: one group per matrix on a platform it names (this CPU, by
-  default), the shape groups elsewhere."""
+  """The policy itself: one group per matrix on a platform it names (this CPU, run
+  eagerly: the platform is known), the shape groups when forced."""
   matrices = [jnp.zeros((4, 3)), jnp.zeros((4, 3)), jnp.zeros((3, 4))]
-  assert jax.default_backend() in shape_groups.PER_MATRIX_STEP_PLATFORMS
-  assert shape_groups.step_groups(matrices) == [[0], [1], [2]]
-  monkeypatch.setattr(shape_groups, "PER_MATRIX_STEP_PLATFORMS", ())
-  assert shape_groups.step_groups(matrices) == [[0, 1], [2]]
+  seen = []
+
+  def step(groups):
+    seen.append(groups)
+    return jnp.zeros(())
+
+  assert "cpu" in shape_groups.PER_MATRIX_STEP_PLATFORMS
+  shape_groups.step_grouped(matrices, step)
+  assert seen.pop() == [[0], [1], [2]]
+  monkeypatch.setattr(shape_groups, "FORCED_STEP_GROUPING", "batched")
+  shape_groups.step_grouped(matrices, step)
+  assert seen == [[[0, 1], [2]]]
 
 
 # Two-sided projections have no side and a scalar full-rank scale.
@@ -119,7 +128,7 @@ def test_a_batched_step_equals_the_per_matrix_step(projection, two_sided, varian
   )
   params = _params()
   per_matrix = _trajectory(tx, params)
-  monkeypatch.setattr(shape_groups, "PER_MATRIX_STEP_PLATFORMS", ())
+  monkeypatch.setattr(shape_groups, "FORCED_STEP_GROUPING", "batched")
   together = _trajectory(tx, params)
   for got, want in zip(together, per_matrix, strict=True):
     _close(got, want)
@@ -147,7 +156,7 @@ def test_the_compiled_step_has_two_products_per_group_not_per_matrix(monkeypatch
   )
   params = _params()
   assert _products(tx, params) == 2 * 6
-  monkeypatch.setattr(shape_groups, "PER_MATRIX_STEP_PLATFORMS", ())
+  monkeypatch.setattr(shape_groups, "FORCED_STEP_GROUPING", "batched")
   assert _products(tx, params) == 2 * 2
 
 
@@ -159,7 +168,7 @@ def test_low_rank_ddp_projected_steps_batched_as_per_matrix(monkeypatch):
   )
   params = _params()
   per_matrix = _trajectory(tx, params)
-  monkeypatch.setattr(shape_groups, "PER_MATRIX_STEP_PLATFORMS", ())
+  monkeypatch.setattr(shape_groups, "FORCED_STEP_GROUPING", "batched")
   _close(_trajectory(tx, params), per_matrix)
 
 
@@ -179,7 +188,7 @@ def test_lordo_trains_batched_as_per_matrix(monkeypatch):
     return params
 
   per_matrix = train()
-  monkeypatch.setattr(shape_groups, "PER_MATRIX_STEP_PLATFORMS", ())
+  monkeypatch.setattr(shape_groups, "FORCED_STEP_GROUPING", "batched")
   _close(train(), per_matrix, rtol=1e-5, atol=1e-6)
 
 
@@ -204,7 +213,7 @@ def test_a_sharded_group_steps_batched_as_the_unsharded_per_matrix_step(explicit
       return _trajectory(tx, split, steps=3)
 
   want, sharded_per_matrix = _trajectory(tx, params, steps=3), sharded()
-  monkeypatch.setattr(shape_groups, "PER_MATRIX_STEP_PLATFORMS", ())
+  monkeypatch.setattr(shape_groups, "FORCED_STEP_GROUPING", "batched")
   got = sharded()
   for (updates, state), (want_updates, want_state) in zip(got, want, strict=True):
     _close(updates, want_updates, atol=5e-6)

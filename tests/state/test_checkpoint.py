@@ -341,3 +341,22 @@ def test_two_runs_with_the_same_seed_are_bit_identical(name):
   # and the run did something: the workers disagree mid-round
   w1 = jax.device_get(first.params["w1"])
   assert not np.array_equal(w1[0], w1[1])
+
+
+def test_a_checkpoint_with_zero_size_error_placeholders_restores(tmp_path):
+  """A state saved when a matrix without error feedback held a ``(0,)`` array as its
+  error buffer (it holds ``()`` now) restores into today's state."""
+  tx = lordo_jax.lordo(3e-2, rank=3, sync_every=K)  # error feedback off
+  params = init_params()
+  state = tx.init(params)
+  is_moments = lambda x: isinstance(x, lordo_jax.LowRankMoments)  # noqa: E731
+  matrices = [x for x in jax.tree.leaves(state, is_leaf=is_moments) if is_moments(x)]
+  assert matrices and all(m.error == () for m in matrices)
+  with_placeholders = jax.tree.map(
+    lambda x: x._replace(error=jnp.zeros((0,), jnp.float32)) if is_moments(x) else x,
+    state,
+    is_leaf=is_moments,
+  )
+  checkpoint.save(tmp_path, 1, params, with_placeholders)
+  _, restored = checkpoint.restore(tmp_path, 1, params, tx.init(params))
+  assert_trees_equal(restored, state)

@@ -5,7 +5,8 @@ saved at step 6, mid-round. The checkpoint is restored into a freshly built
 ``nnx.Optimizer`` (which holds its moments as NamedTuples, where the saved one held
 dicts), into an abstract target from ``jax.eval_shape`` whose shardings name an
 ``AbstractMesh``, and into the plain optax state ``tx.init(params)``; each resumed
-run equals the uninterrupted one bit for bit after the round ends at step 8.
+run equals the uninterrupted one after the round ends at step 8, bit for bit (the
+abstract target's at float32 rounding: its own test says why).
 """
 
 import jax
@@ -90,12 +91,13 @@ def saved(tmp_path_factory):
   run(model, optimizer, range(SAVED_AT))
   checkpoint.save(directory, SAVED_AT, nnx.state(model), nnx.state(optimizer))
   at_save = nnx.as_pure(optimizer.opt_state)
+  whole_at_save = nnx.as_pure(nnx.state(optimizer))
   run(model, optimizer, range(SAVED_AT, N))
-  return directory, at_save, nnx.state(model), nnx.state(optimizer)
+  return directory, at_save, nnx.state(model), nnx.state(optimizer), whole_at_save
 
 
 def test_restores_into_a_fresh_optimizer(saved):
-  directory, _, model_ref, optimizer_ref = saved
+  directory, _, model_ref, optimizer_ref, _ = saved
   model, optimizer = build()  # never updated: its moments are NamedTuples
   params, state = checkpoint.restore(directory, SAVED_AT, nnx.state(model), nnx.state(optimizer))
   nnx.update(model, params)
@@ -106,7 +108,15 @@ def test_restores_into_a_fresh_optimizer(saved):
 
 
 def test_restores_into_an_abstract_target_on_an_abstract_mesh(saved):
-  directory, _, model_ref, optimizer_ref = saved
+  """Restored exactly; the resumed run within float32 rounding of the uninterrupted one.
+
+  An optimizer updated with arrays restored into abstract targets is traced by
+  ``nnx.jit`` into another program than the uninterrupted run's (the same values, avals
+  and shardings: measured), and XLA may fuse it otherwise: on one CPU 2 of 128
+  elements of an error buffer came out 7.5e-9 apart after the round. The restore itself
+  is compared bit for bit; the run after it at float32's rounding (rtol 1e-6).
+  """
+  directory, _, model_ref, optimizer_ref, whole_at_save = saved
   model, optimizer = build()
   abstract_mesh = jax.make_mesh((1,), ("data",)).abstract_mesh
   replicated = jax.sharding.NamedSharding(abstract_mesh, jax.P())
@@ -116,11 +126,19 @@ def test_restores_into_an_abstract_target_on_an_abstract_mesh(saved):
   )
   params, state = checkpoint.restore(directory, SAVED_AT, *targets)
   assert all(isinstance(x, jax.Array) for x in jax.tree.leaves(state))
+  assert_bit_identical(nnx.as_pure(state), whole_at_save)
   nnx.update(model, params)
   nnx.update(optimizer, state)
   run(model, optimizer, range(SAVED_AT, N))
-  assert_bit_identical(nnx.state(model), model_ref)
-  assert_bit_identical(nnx.state(optimizer), optimizer_ref)
+  assert_close(nnx.state(model), model_ref)
+  assert_close(nnx.state(optimizer), optimizer_ref)
+
+
+def assert_close(a, b):
+  leaves_a, leaves_b = by_path(a), by_path(b)
+  assert leaves_a.keys() == leaves_b.keys()
+  for path, x in leaves_a.items():
+    np.testing.assert_allclose(np.asarray(x), np.asarray(leaves_b[path]), rtol=1e-6, err_msg=path)
 
 
 def test_restores_into_the_plain_optax_state(tmp_path, saved):
@@ -129,7 +147,7 @@ def test_restores_into_the_plain_optax_state(tmp_path, saved):
   The resumed optax loop is compared with the same loop started from the
   uninterrupted run's state at step 6 (never written to disk).
   """
-  directory, at_save, _, _ = saved
+  directory, at_save, _, _, _ = saved
   model, optimizer = build()
   run(model, optimizer, range(SAVED_AT))
   graphdef, params = nnx.split(model, nnx.Param)
