@@ -28,13 +28,15 @@ PROJECTS = {
         "jax.distributed.initialize",
         "jax.eval_shape",
         "jax.experimental.multihost_utils.process_allgather",
+        "jax.jit",
         "jax.lax.pmean",
         "jax.make_array_from_callback",
         "jax.make_mesh",
         "jax.pmap",
         "jax.shard_map",
       )
-    },
+    }
+    | {"jax.stages.Compiled": ("jax.stages.Compiled", "jax.stages.html")},
   ),
   "optax": (
     "https://optax.readthedocs.io/en/latest/",

@@ -31,6 +31,7 @@ from lordo_jax.methods.lordo import lordo
 from lordo_jax.methods.lordo import lordo_global_projection_only
 from lordo_jax.methods.lordo import lordo_local_projection
 from lordo_jax.round import SynchronizeState
+from lordo_jax.round import compile_overlapped
 from lordo_jax.round import overlap_phase
 from lordo_jax.round import quadratic_sync_rule
 from lordo_jax.round import round_phase
@@ -61,6 +62,7 @@ __all__ = [
   "average_gradients",
   "communicated_bytes",
   "communicated_elements",
+  "compile_overlapped",
   "compute_projection",
   "counted_pmean",
   "ddp",

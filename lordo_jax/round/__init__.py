@@ -5,11 +5,12 @@ round ends (``_periods``: ``sync_every`` as an int, a function or the quadratic 
 ``_schedule``: which fragments sync at a step), how messages are averaged
 (``_averaging``), the pseudo-gradient and outer step (``_outer_step``), the moments
 (``_moment_averaging``), the bases (``_basis_refresh``), failed workers
-(``_faults``), host offload (``_offload``), a message in flight (``_overlap``) and
-local steps compiled without the round (``_round_phase``).
+(``_faults``), host offload (``_offload``), a message in flight (``_overlap``; a step
+compiled for it: ``_overlap_compile``) and local steps without the round (``_round_phase``).
 """
 
 from lordo_jax.round._overlap import overlap_phase
+from lordo_jax.round._overlap_compile import compile_overlapped
 from lordo_jax.round._periods import quadratic_sync_rule
 from lordo_jax.round._periods import sync_steps
 from lordo_jax.round._round_phase import round_phase
@@ -18,6 +19,7 @@ from lordo_jax.round._synchronize import synchronize
 
 __all__ = [
   "SynchronizeState",
+  "compile_overlapped",
   "overlap_phase",
   "quadratic_sync_rule",
   "round_phase",

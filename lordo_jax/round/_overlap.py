@@ -29,6 +29,9 @@ from lordo_jax.round._round_parts import RoundParts
 WINDOW_MERGES = ("rebase", "streaming")  # overlap=tau < K, and "round" (tau = K)
 MERGES = ("eager", "delayed", *WINDOW_MERGES)  # overlap="round"
 PHASES = ("send", "local")  # update(..., overlap_phase=...): a static value
+# The named scope of the message's collectives (send_chunk): their op_name in the
+# compiled HLO holds it, so that a compiler pass can find them (_overlap_compile).
+IN_FLIGHT_SCOPE = "lordo_jax_in_flight"
 
 
 class InFlight(NamedTuple):
@@ -120,19 +123,19 @@ def send_chunk(parts: RoundParts, state, index, residual_row=None, sending=None)
   ``(in_flight, ledger)``. The residual is the one of row ``residual_row`` (default
   ``index``: that of the fragment in flight). With ``sending`` (a traced bool) the mean
   and the residual are kept only where it holds; with offload one row of each buffer
-  comes in from host memory and goes back."""
+  comes in from host memory and goes back. The collectives run in the named scope
+  :data:`IN_FLIGHT_SCOPE`, which names no value and changes no number: it marks them in
+  the compiled program (:func:`lordo_jax.compile_overlapped` reads it there)."""
   residual_row = index if residual_row is None else residual_row
   flight, compressed, offload = state.in_flight, parts.compression is not None, parts.offload
   read = functools.partial(chunks_lib.row, index=index, to_device=offload)
   write = functools.partial(chunks_lib.with_row, index=index, to_host=offload)
   own = chunks_lib.row(flight.residual, residual_row, to_device=offload) if compressed else None
-  averaged, ledger, fed = chunks_lib.chunk_mean(
-    read(flight.message),
-    state.ledger,
-    parts.axis_name,
-    codecs=_codecs(parts),
-    residual=own,
-  )
+  chunk = read(flight.message)
+  with jax.named_scope(IN_FLIGHT_SCOPE):
+    averaged, ledger, fed = chunks_lib.chunk_mean(
+      chunk, state.ledger, parts.axis_name, codecs=_codecs(parts), residual=own
+    )
   if sending is not None:  # A chunk sent for nothing changes nothing but the ledger.
     averaged = jax.tree.map(
       lambda new, old: jnp.where(sending, new, old), averaged, read(flight.means)
