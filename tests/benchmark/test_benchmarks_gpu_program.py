@@ -190,3 +190,15 @@ def test_ddp_all_reduces_every_gradient_between_the_eight_workers(quick):
   assert ddp["collective_bytes"] == parameter_bytes
   between = [c for c in ddp["schedule"]["collectives"] if c["group_size"] == 8]
   assert between and all(c["op"] == "all-reduce" for c in between)
+
+
+def test_the_round_in_flight_runs_under_the_whole_step(quick):
+  """Compiled as the overlap guide shows (lordo_jax.compile_overlapped), the message's
+  all-reduce between the 8 workers starts before the first forward GEMM and is done
+  after the last backward one."""
+  record, _ = quick
+  program = _program(record, 'lm lordo overlap="round"')
+  between = [c for c in program["schedule"]["collectives"] if c["group_size"] == 8]
+  in_flight = [c for c in between if c["in_flight"]]
+  assert len(in_flight) == 1, between
+  assert in_flight[0]["gemms_between"] == program["schedule"]["model_gemms"] > 0
