@@ -221,6 +221,21 @@ class Hlo(NamedTuple):
       for inner in self.computations.get(computation, ())
     )
 
+  def collective_bytes(self) -> int:
+    """Bytes the program's collectives send (their operands'), each counted once: a
+    synchronous one, or the ``-start`` of an asynchronous pair (not the collective an
+    ``async-start`` wraps, which jax 0.12 prints as well)."""
+    wrapped = {c for i in self.instructions.values() if i.opcode == "async-start" for c in i.called}
+    inside = {n for c in wrapped for n in self.computations.get(c, ())}
+    kinds = set(schedule.COLLECTIVES) | {f"{c}-start" for c in schedule.COLLECTIVES}
+    return sum(
+      type_bytes(self.instructions[o].type_text)
+      for name, i in self.instructions.items()
+      if i.opcode in kinds and name not in inside
+      for o in i.operands
+      if o in self.instructions
+    )
+
   def bytes(self, name: str) -> int:
     """Bytes the launch ``name`` moves: its operands' and its result's sizes."""
     instruction = self.instructions.get(name)
@@ -491,7 +506,7 @@ def read(program: Program, dump: pathlib.Path) -> dict:
     "peak_bytes": peak,
     "kernel_bytes": sum(launch.bytes for launch in launches if not launch.collective),
     "gemm_flops": sum(launch.flops for launch in launches),
-    "collective_bytes": sum(launch.bytes for launch in launches if launch.collective) // 2,
+    "collective_bytes": hlo.collective_bytes(),
     "launch_costs": [[launch.bytes, launch.flops] for launch in launches if not launch.collective],
     "schedule": {k: summary[k] for k in ("gemms", "model_gemms", "asynchronous", "in_flight")}
     | {"collectives": summary["collectives"]},

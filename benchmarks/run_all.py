@@ -14,7 +14,9 @@ learning rates), then the optimizer-step
 studies ``step_speed.py``, ``step_overhead.py``, ``memory.py``, ``sharded_memory.py``
 (per-device state under FSDP, offload on and off), ``device_speed.py`` (the optimizer
 step on GPT-2 small's shapes and the LM's whole step, timed on the device JAX runs on,
-with their memory) and ``refresh.py`` (refresh time and
+with their memory), ``gpu_program.py`` (the same steps' programs compiled for GPUs on
+this machine: launches, memory, collectives' places, a modelled time; it needs the test
+extra's CUDA plugin) and ``refresh.py`` (refresh time and
 LoRDO's quality per projection; it reads the quality study's results) where present,
 then the studies of the paper's regime: ``fidelity.py`` (each of the paper's variants
 alone), ``paper_protocol.py`` (its protocol as a whole, next to ours) and
@@ -47,6 +49,7 @@ STUDIES = (
   "memory",
   "sharded_memory",
   "device_speed",
+  "gpu_program",
   "refresh",
   "fidelity",
   "paper_protocol",

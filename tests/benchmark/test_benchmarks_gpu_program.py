@@ -12,6 +12,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from tests.helpers import gpu_compile
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
@@ -118,16 +120,8 @@ def test_the_fit_recovers_the_model_that_made_the_timed_rows():
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory):
   """The quick run's record; the plugin's absence is an error that says what to install."""
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  env = gpu_compile.environment()
   env["PYTHONPATH"] = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
-  probe = subprocess.run(
-    [sys.executable, "-c", "import jax_plugins.xla_cuda12"], env=env, capture_output=True
-  )
-  assert probe.returncode == 0, (
-    "the jax-cuda12 plugin is not installed in this Python: the deviceless GPU compile "
-    "needs it. Install the test extra (pip install -e '.[test]', which brings "
-    "jax[cuda12-local]: the plugin and its PJRT of this jax, no driver)."
-  )
   out = tmp_path_factory.mktemp("gpu_program")
   done = subprocess.run(
     [sys.executable, str(ROOT / "benchmarks" / "gpu_program.py"), "--quick", "--out", str(out)],

@@ -13,9 +13,7 @@ program, and a real GPU compile: XLA's GPU compiler for an H100
 plugin (``jax.experimental.topologies``).
 """
 
-import importlib.util
 import json
-import os
 import pathlib
 import re
 import subprocess
@@ -23,9 +21,9 @@ import sys
 
 import jax
 import jax.numpy as jnp
-import pytest
 
 import lordo_jax
+from tests.helpers import gpu_compile
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 TARGET = ROOT / "benchmarks" / "targets" / "h100.txtpb"
@@ -100,17 +98,13 @@ print(json.dumps(gemms))
 
 
 def test_a_gpu_program_compiled_on_this_host_is_batched():
-  if importlib.util.find_spec("jax_plugins.xla_cuda12") is None:
-    pytest.fail(
-      "jax's CUDA plugin (jax_plugins.xla_cuda12) is not installed: this test compiles "
-      "for a GPU on this host with it. Install the test extra: pip install -e '.[test]'."
-    )
+  env = gpu_compile.environment()
   done = subprocess.run(
     [sys.executable, "-c", _GPU_COMPILE, str(TARGET), str(MATRICES)],
     capture_output=True,
     text=True,
     cwd=ROOT,
-    env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    env=env,
     timeout=180,
   )
   assert done.returncode == 0, done.stderr[-3000:]

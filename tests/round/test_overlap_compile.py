@@ -12,7 +12,6 @@ the last. The reader of the HLO finds the message's collectives by the named sco
 """
 
 import json
-import os
 import pathlib
 import subprocess
 import sys
@@ -26,6 +25,7 @@ import pytest
 
 import lordo_jax
 from lordo_jax.round import _overlap_compile as overlap_compile
+from tests.helpers import gpu_compile
 from tests.helpers import workers
 
 pytestmark = pytest.mark.timeout(600)
@@ -86,15 +86,7 @@ def compiled():
   """Each program's schedules, compiled in one child process (the plugin registers only
   in a process whose JAX starts with ``JAX_PLATFORMS=cpu``); the plugin's absence is a
   failure that says what to install."""
-  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-  probe = subprocess.run(
-    [sys.executable, "-c", "import jax_plugins.xla_cuda12"], env=env, capture_output=True
-  )
-  assert probe.returncode == 0, (
-    "the jax-cuda12 plugin is not installed in this Python: compiling for a GPU on this "
-    "CPU needs it. Install the test extra: pip install -e '.[test]' (it brings "
-    "jax[cuda12-local], the plugin and its PJRT of this jax, no driver)."
-  )
+  env = gpu_compile.environment()
   done = subprocess.run(
     [sys.executable, "-c", CHILD, str(ROOT), json.dumps(PROGRAMS)],
     capture_output=True,

@@ -1,0 +1,18 @@
+"""The environment of a process that compiles for GPUs on this CPU (JAX's deviceless
+ahead-of-time compile with the CUDA plugin of the test extra)."""
+
+import importlib.util
+import os
+
+
+def environment() -> dict[str, str]:
+  """This process's environment with ``JAX_PLATFORMS=cpu`` (without it, on a host with no
+  GPU the plugin fails its CUDA check before it registers its compiler); a failure that
+  says what to install where the plugin is missing."""
+  if importlib.util.find_spec("jax_plugins.xla_cuda12") is None:
+    raise AssertionError(
+      "jax's CUDA plugin (jax_plugins.xla_cuda12) is not installed in this Python: the "
+      "test compiles for a GPU on this CPU with it. Install the test extra: pip install "
+      "-e '.[test]' (it brings jax[cuda12-local]: the plugin and its PJRT, no driver)."
+    )
+  return {**os.environ, "JAX_PLATFORMS": "cpu"}
