@@ -356,7 +356,7 @@ def optimizer_programs(config: str, quick: bool, calibration: bool = False) -> l
     "lordo local, per matrix", lordo, shapes, sharding, "per_matrix", round_phase="local"
   )
   if calibration:
-    return [adamw, per_matrix]
+    return [p._replace(section="calibration, one H100") for p in (adamw, per_matrix)]
   local = _optimizer_step("lordo local", lordo, shapes, sharding, round_phase="local")
   if quick:
     return [adamw, local, per_matrix]
@@ -427,7 +427,7 @@ def calibration_programs(config: str) -> list[Program]:
     step, args = schedule.lm_step(
       method, None, phase, GPT2_LM, mesh, 1, batch_size=LM_BATCH, rank=rank
     )
-    section = "lm gpt2, 1 worker"
+    section = "calibration, one H100"
     programs.append(Program(f"lm gpt2 {name}", section, step, args, "per_matrix"))
   return programs
 

@@ -172,10 +172,12 @@ def projections(state: Any) -> Any:
 
 
 def _is_entry(x) -> bool:
-  """A matrix's moments (or a MaskedNode), also as the dict Flax's ``nnx.State`` makes."""
+  """A matrix's moments (or a MaskedNode), also as the dict Flax's ``nnx.State`` makes
+  (without its ``error`` where that holds no array: error feedback off)."""
   if isinstance(x, (low_rank_lib.LowRankMoments, optax.MaskedNode)):
     return True
-  return isinstance(x, Mapping) and set(x) == set(low_rank_lib.LowRankMoments._fields)
+  fields = set(low_rank_lib.LowRankMoments._fields)
+  return isinstance(x, Mapping) and fields - {"error"} <= set(x) <= fields
 
 
 def _basis_of(m) -> Any:
