@@ -166,5 +166,8 @@ def test_on_a_cpu_it_is_the_jitted_steps_program_with_its_results():
   args = workers.shard((params, state, grads), mesh)
   compiled = lordo_jax.compile_overlapped(step, *args)
   assert compiled.as_text() == step.lower(*args).compile().as_text()
-  for got, want in zip(jax.tree.leaves(compiled(*args)), jax.tree.leaves(step(*args)), strict=True):
-    np.testing.assert_array_equal(got, want)
+  # Each multi-device run waited on before the next (jaxlib 0.10's CPU deadlocks otherwise).
+  got = jax.block_until_ready(compiled(*args))
+  want = jax.block_until_ready(step(*args))
+  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+    np.testing.assert_array_equal(g, w)
