@@ -1,9 +1,6 @@
-"""The README tells the truth, and the site holds what it used to.
-
-The README is the landing page: its one example runs and learns, its commands are what
-CI runs, and it links into the site. Every section it held before it became one has a
-home page in ``docs/`` that holds that section, and the examples that moved there run
-from there (here and in ``test_readme_guides.py``).
+"""The README tells the truth: its example runs and learns, its commands are what CI
+runs, and every page it links to exists. The guides' examples run in
+``test_readme_guides.py``.
 """
 
 import re
@@ -13,7 +10,6 @@ import pytest
 
 from tests.helpers.readme_examples import README
 from tests.helpers.readme_examples import ROOT
-from tests.helpers.readme_examples import headings
 from tests.helpers.readme_examples import page_text
 from tests.helpers.readme_examples import python_blocks
 from tests.helpers.readme_examples import run
@@ -23,115 +19,11 @@ from tests.helpers.readme_examples import section
 # (tests/conftest.py).
 pytestmark = pytest.mark.no_compilation_cache
 
-# Every heading of the README before it became a landing page: the page of the site its
-# section moved to, the heading it has there, and words of the section that page holds.
-MOVED = {
-  "lordo_jax": ("docs/index.md", "lordo_jax", "lordo_jax.communicated_bytes(state)"),
-  "Two commands": (
-    "docs/getting_started.md",
-    "The main command",
-    "`.ci/run` runs exactly the test command",
-  ),
-  "Using it: Flax NNX and `jax.shard_map`": (
-    "docs/guides/flax.md",
-    "Flax NNX and Linen",
-    "The readers take `nnx.as_pure(optimizer.opt_state)` as it is",
-  ),
-  "Pitfalls with several workers": (
-    "docs/guides/pitfalls.md",
-    "Pitfalls with several workers",
-    "**A sync rule must sync.**",
-  ),
-  "Checkpoints and restarts": (
-    "docs/guides/checkpoints.md",
-    "Checkpoints and restarts",
-    "`--warm-start-steps S` runs the LoRDO paper's protocol",
-  ),
-  "Surviving a failed worker": (
-    "docs/guides/failed_workers.md",
-    "Surviving a failed worker",
-    "`tx.update(grads, state, params, worker_present=False)`",
-  ),
-  "Multi-host: GPU clusters and TPU pods": (
-    "docs/guides/multi_host.md",
-    "Multi-host: GPU clusters and TPU pods",
-    '`jax.distributed.initialize(coordinator_address="10.0.0.1:1234", num_processes=4,',
-  ),
-  "Sharded models: FSDP and tensor parallelism inside each worker": (
-    "docs/guides/sharded_models.md",
-    "Sharded models: FSDP and tensor parallelism inside each worker",
-    "Which dimension to shard: split each low-rank matrix on the dimension its moments keep",
-  ),
-  "The anchor in host memory: `offload=True`": (
-    "docs/guides/sharded_models.md",
-    "The anchor in host memory: `offload=True`",
-    "It needs `jit` or `shard_map`: under `pmap` JAX keeps every output on the device",
-  ),
-  "Across hosts: a worker group per node or per slice": (
-    "docs/guides/sharded_models.md",
-    "Across hosts: a worker group per node or per slice",
-    "`create_hybrid_device_mesh(inner, outer)` returns an array of shape",
-  ),
-  "bfloat16": (
-    "docs/guides/bfloat16.md",
-    "bfloat16",
-    "Keep a float32 copy of the parameters (or round stochastically)",
-  ),
-  "Overlapped synchronisation": (
-    "docs/guides/overlap.md",
-    "Overlapped synchronisation",
-    'A wrong phase is never a wrong number: `"send"` on a step that sends nothing',
-  ),
-  "Methods": ("docs/api/index.md", "Methods at a glance", "| two-sided projection (TSR-Adam) |"),
-  "Public API": (
-    "docs/api/index.md",
-    "Public API",
-    '| {func}`warm_start_state(source_state, target_state, *, moments="keep")',  # a link
-  ),
-  "Communication per method (GPT-2 small shapes)": (
-    "docs/benchmarks.md",
-    "Communication per method (GPT-2 small shapes)",
-    "per matrix that ratio is rK / (n + 2r) with n the larger side",
-  ),
-}
-
-
-def _words(text: str) -> str:
-  return " ".join(text.split())
-
-
-@pytest.mark.parametrize("old", list(MOVED))
-def test_every_section_the_readme_held_has_a_home_in_the_site(old):
-  home, heading, words = MOVED[old]
-  assert (ROOT / home).is_file(), f"{old!r}: {home} does not exist"
-  titles = [title for _, title in headings(page_text(home))]
-  assert heading in titles, f"{old!r}: {home} has no heading {heading!r}"
-  assert section(heading, page=home).strip(), f"{old!r}: {home}'s {heading!r} is empty"
-  assert _words(words) in _words(page_text(home)), f"{old!r}: {home} lacks {words!r}"
-
-
-def test_the_readme_links_to_every_home_page():
-  links = set(re.findall(r"\]\(([^)\s#]+)", README))
-  missing = sorted({home for home, _, _ in MOVED.values()} - links)
-  assert not missing, f"the README does not link to {missing}"
-
 
 def test_every_page_the_readme_links_to_exists():
   links = re.findall(r"\]\(([^)\s#]+)", README)
   missing = [link for link in links if "://" not in link and not (ROOT / link).exists()]
   assert not missing, missing
-
-
-def test_the_readme_is_a_landing_page():
-  assert len(README.splitlines()) <= 170
-  assert [title for level, title in headings(README) if level == 2] == [
-    "Two commands",
-    "One example",
-    "Headline numbers",
-    "The documentation",
-  ]
-  (plot,) = re.findall(r"!\[[^]]*\]\(([^)]+)\)", README)
-  assert (ROOT / plot).is_file()
 
 
 def test_the_readme_example_is_nnx_optimizer_on_one_worker_and_learns():
