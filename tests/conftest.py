@@ -8,6 +8,10 @@
   bound by single-threaded compilation, and this removes about a third of it. The
   directory is fresh for each run, so no result depends on an earlier one; a
   ``JAX_COMPILATION_CACHE_DIR`` already set is used as it is.
+* XLA's settings for the suite (``tests/helpers/xla_settings.py``): a quick compile (the
+  suite is bound by compilation, and its programs are small, so LLVM's optimisations
+  cost more than they save; the same HLO passes run and the arithmetic is the same),
+  and collectives that wait out a busy host instead of ending the process.
 * Except for tests marked ``no_compilation_cache``: those that run programs with
   host-offloaded state. On jaxlib 0.10.2's CPU client, the LM job's FSDP + offload run
   aborted in 2 of 6 runs whose executables came from the cache (a collective
@@ -25,10 +29,14 @@ import tempfile
 
 import pytest
 
+from tests.helpers import xla_settings
+
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
   os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="lordo_jax_xla_cache_")
   atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+xla_settings.enable()
+
 # The suite runs on the CPU. The test extra's CUDA plugin (deviceless GPU compiles) would
 # otherwise try to start a GPU in every process and log a traceback where none is found;
 # with the CPU named, it only registers its compiler.
