@@ -26,7 +26,7 @@ from typing import Any
 import jax
 
 import lordo_jax
-from harness.variants import Variant
+from benchmarks.harness.variants import Variant
 from lordo_jax.methods import lordo as lordo_lib
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

@@ -439,7 +439,7 @@ def _sync_fragment(parts: RoundParts, f, fragment, state, *, grads, params, loca
   than taken as an operand: a conditional's operands are materialised buffers, so
   carrying the update through it made every local step write it out and read it back,
   and kept ``optax.apply_updates`` from fusing with the step (a third of a local step
-  on a 768 x 3072 matrix on CPU, ``benchmarks/step_speed.py``). Hence the inner optimizer
+  on a 768 x 3072 matrix on CPU, ``benchmarks/speed/step_speed.py``). Hence the inner optimizer
   must not communicate: a sync step runs it twice.
 
   Args:
