@@ -4,8 +4,8 @@ r"""Regenerates every table and plot behind BENCHMARKS.md, one study after anoth
     python benchmarks/run_all.py --quick    # minutes: results in runs/benchmarks_quick
     python benchmarks/run_all.py --quick --only quality,time_to_target --out /tmp/b
 
-Each study is its own script, run in a subprocess (each sets up its own simulated
-devices): ``quality.py`` (trains, or reads its cached runs), then
+Each study is its own script, ``benchmarks/<topic>/<study>.py``, run in a subprocess
+(each sets up its own simulated devices): ``quality.py`` (trains, or reads its cached runs), then
 ``time_to_target.py`` (reads the quality study's runs), ``accelerator_model.py``
 (utilisation and time to target on H100s against bandwidth, from the ledger on GPT-2
 shapes and the full study's ``time_to_target.json``), ``extensions.py``
@@ -39,32 +39,34 @@ import time
 
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent
-STUDIES = (
-  "quality",
-  "time_to_target",
-  "accelerator_model",
-  "extensions",
-  "step_speed",
-  "step_overhead",
-  "memory",
-  "sharded_memory",
-  "device_speed",
-  "gpu_program",
-  "refresh",
-  "fidelity",
-  "paper_protocol",
-  "long_horizon",
-  "overlap_quality",
-  "overlap_outer",
-  "elastic",
-)
+# Each study, in the order they run (a later one reads an earlier one's results), and
+# its topic: the folder its script is in.
+STUDIES = {
+  "quality": "quality",
+  "time_to_target": "quality",
+  "accelerator_model": "communication",
+  "extensions": "quality",
+  "step_speed": "speed",
+  "step_overhead": "speed",
+  "memory": "memory",
+  "sharded_memory": "memory",
+  "device_speed": "speed",
+  "gpu_program": "gpu",
+  "refresh": "quality",
+  "fidelity": "paper",
+  "paper_protocol": "paper",
+  "long_horizon": "paper",
+  "overlap_quality": "overlap",
+  "overlap_outer": "overlap",
+  "elastic": "elastic",
+}
 RESULTS = HERE / "results"
 QUICK_RESULTS = ROOT / "runs" / "benchmarks_quick"
 
 
 def command(study: str, quick: bool, out: pathlib.Path, default_out: bool) -> list[str] | None:
   """The command line of ``study``, or None when it cannot run as asked."""
-  script = HERE / f"{study}.py"
+  script = HERE / STUDIES[study] / f"{study}.py"
   if not script.exists():
     return None
   offered = subprocess.run(

@@ -24,7 +24,7 @@ study's sweep, ``lm.tuned.TUNED_LEARNING_RATES``) unless ``--lr`` sets one for
 all. Next to what each method sent, the table shows the other side of the trade:
 the bandwidth per worker at which the method keeps 90% of an accelerator's compute
 busy when training GPT-2 small (124M) on 8 H100s, from
-``benchmarks/accelerator_model.py`` (read from ``lm/bandwidth_gpt2_small.json``).
+``benchmarks/communication/accelerator_model.py`` (read from ``lm/bandwidth_gpt2_small.json``).
 
 Losses are in nats per byte; the unigram entropy of the text (the best loss of a
 model that ignores context) is printed for reference.

@@ -1,10 +1,13 @@
 """Keyword options written once: each one's default, type and Args text in one place.
 
 Options are the fields of frozen dataclasses (:func:`option`). A public factory declares
-each of its keywords in its ``def``, the default by reference to the field
-(``b1: float = LowRankOptions.b1``); :func:`takes` checks at import that the ``def``
-declares every option of its groups as they are, checks a call's static values and
-writes the options' Args entries where the docstring says ``{options}``.
+each of its keywords in its ``def``, the default written as a literal (``b1: float =
+0.9``), the same as the field's, or as the factory's own where the field records one
+(lordo's ``omega=0.7``, ``option(..., defaults={"lordo": 0.7})``); one test keeps the
+``def`` s, the fields and the API pages in agreement. :func:`takes` checks at import that
+the ``def`` declares every option of its groups, checks a call's static values once, at
+the public entry, and writes the options' Args entries where the docstring says
+``{options}``.
 """
 
 import dataclasses
@@ -44,13 +47,26 @@ class Keyword(NamedTuple):
   doc: str  # Its Args text, without the name.
   field: str  # The dataclass field that holds it.
   static: bool  # It fixes the program's shapes or rounds: a Python value, never an array.
+  defaults: dict[str, Any]  # A factory's own default where not ``default``, by its name.
+
+  def default_of(self, factory: str) -> Any:
+    """The default of this keyword in the public factory named ``factory``."""
+    return self.defaults.get(factory, self.default)
 
 
-def option(doc: str, default: Any = _REQUIRED, *, keyword: str | None = None, static=False):
+def option(
+  doc: str,
+  default: Any = _REQUIRED,
+  *,
+  keyword: str | None = None,
+  static: bool = False,
+  defaults: dict[str, Any] | None = None,
+):
   """A dataclass field that is a keyword option: its ``doc``, its public ``keyword``
-  (``None``: the field's name) and whether it is ``static`` (fixes the program's shapes
-  or rounds, so must be a Python value)."""
-  metadata = {"doc": doc, "keyword": keyword, "static": static}
+  (``None``: the field's name), whether it is ``static`` (fixes the program's shapes
+  or rounds, so must be a Python value) and the ``defaults`` of the public factories
+  whose own default it is not (by the factory's name: ``{"lordo": 0.7}``)."""
+  metadata = {"doc": doc, "keyword": keyword, "static": static, "defaults": defaults or {}}
   if default is _REQUIRED:
     return dataclasses.field(metadata=metadata)
   return dataclasses.field(default=default, metadata=metadata)
@@ -64,7 +80,8 @@ def of(config: type, *names: str) -> tuple[Keyword, ...]:
     name = f.metadata["keyword"] or f.name
     default = _REQUIRED if f.default is dataclasses.MISSING else f.default
     static = f.metadata["static"]
-    keywords.append(Keyword(name, default, f.type, f.metadata["doc"], f.name, static))
+    doc, defaults = f.metadata["doc"], f.metadata["defaults"]
+    keywords.append(Keyword(name, default, f.type, doc, f.name, static, defaults))
   return tuple(k for k in keywords if not names or k.name in names)
 
 
@@ -73,19 +90,17 @@ def build(config: type, options: dict[str, Any]):
   return config(**{k.field: options[k.name] for k in of(config) if k.name in options})
 
 
-def takes(*groups: tuple[Keyword, ...], overrides: tuple[str, ...] = ()) -> Callable[[F], F]:
+def takes(*groups: tuple[Keyword, ...]) -> Callable[[F], F]:
   """Decorates a factory whose ``def`` declares every keyword of ``groups``.
 
-  The ``def`` is the signature users, editors and type checkers read; its defaults
-  refer to the groups' dataclasses (``b1: float = LowRankOptions.b1``), so each is
-  written once. When the module loads, every keyword of ``groups`` must be a
-  parameter of the ``def`` with the group's annotation and default, except those named
-  in ``overrides`` (a method's own default, such as lordo's ``omega=0.7``, or a narrower
-  type, such as desloc's int ``sync_every``): a keyword added to a group fails the
-  import of every factory that does not declare it. A call binds its arguments (an
-  unknown keyword is a ``TypeError`` naming the closest ones) and checks that the static
-  ones are Python values. The docstring's ``{options}`` line becomes the Args entries
-  of the group keywords it does not document itself.
+  The ``def`` is the signature users, editors and type checkers read, each default a
+  literal. When the module loads, every keyword of ``groups`` must be a parameter of
+  the ``def``: a keyword added to a group fails the import of every factory that does
+  not declare it. A call binds its arguments (an unknown keyword is a ``TypeError``
+  naming the closest ones) and checks, once, that the static ones are Python values (one
+  error names them all); the factory checks the values themselves. The docstring's
+  ``{options}`` line becomes the Args entries of the group keywords it does not
+  document itself.
   """
   keywords = {k.name: k for group in groups for k in group}
   static = {k.name for k in keywords.values() if k.static} | set(STATIC)
@@ -93,7 +108,7 @@ def takes(*groups: tuple[Keyword, ...], overrides: tuple[str, ...] = ()) -> Call
   def decorate(factory: F) -> F:
     signature = inspect.signature(factory)
     name = factory.__name__
-    _check_declared(name, signature, keywords, overrides)
+    _check_declared(name, signature, keywords)
 
     @functools.wraps(factory)
     def wrapper(*args, **kwargs):
@@ -120,24 +135,12 @@ def without(group: tuple[Keyword, ...], *names: str) -> tuple[Keyword, ...]:
   return tuple(k for k in group if k.name not in names)
 
 
-def _check_declared(name, signature, keywords, overrides) -> None:
-  """An error, at import, for a group keyword the ``def`` lacks or declares otherwise."""
-  parameters = signature.parameters
+def _check_declared(name, signature, keywords) -> None:
+  """An error, at import, for a group keyword the ``def`` lacks."""
   for k in keywords.values():
-    p = parameters.get(k.name)
+    p = signature.parameters.get(k.name)
     if p is None or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
       raise TypeError(f"{name}: the keyword {k.name!r} of its options is not in its def.")
-    default_differs = p.default is not k.default and (
-      type(p.default) is not type(k.default) or p.default != k.default
-    )
-    annotation_differs = k.annotation is not Any and p.annotation != k.annotation
-    annotation_differs &= k.name not in overrides
-    if (k.name not in overrides and default_differs) or annotation_differs:
-      raise TypeError(
-        f"{name}: {k.name}: {p.annotation} = {p.default!r} in its def, but the option is "
-        f"{k.annotation} = {k.default!r} (write the option's default by reference, or "
-        "name it in overrides)."
-      )
 
 
 def _bound(name: str, signature: inspect.Signature, args, kwargs) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from typing import Any
 import jax
 
 import lordo_jax
-from harness.variants import Variant
+from benchmarks.harness.variants import Variant
 from lordo_jax.methods import lordo as lordo_lib
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -114,7 +114,7 @@ def default_projection(method: str, options: dict[str, Any]) -> str | None:
   parameter = inspect.signature(getattr(lordo_jax, method)).parameters.get("projection")
   if parameter is None:
     return None
-  if options.get("projection", parameter.default) is None:  # LoRDO's: one-sided or two.
+  if parameter.default == lordo_lib.DEFAULT_PROJECTION:  # LoRDO's: one-sided or two.
     return lordo_lib.with_projection(options)["projection"]
   return options.get("projection", parameter.default)
 

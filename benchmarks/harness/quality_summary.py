@@ -9,9 +9,9 @@ deviation (0 with one seed).
 import dataclasses
 import statistics
 
-from harness import lm_runs
-from harness import quality_claims
-from harness import variants
+from benchmarks.harness import lm_runs
+from benchmarks.harness import quality_claims
+from benchmarks.harness import variants
 
 # Rows whose low-rank bases are tracked in the similarity plot.
 TRACKED = ("lordo", "lordo_global_projection_only", "lordo_local_projection", "low_rank_ddp")

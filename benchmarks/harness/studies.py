@@ -122,9 +122,26 @@ def machine() -> dict[str, Any]:
   }
 
 
-def command(script: str, args: argparse.Namespace) -> str:
+def runs(out: pathlib.Path, name: str) -> pathlib.Path:
+  """The folder of cached runs ``name`` under the results folder ``out``: ``<out>/runs/<name>``.
+
+  A study's report (``<out>/<study>.json``, ``.md``, ``.png``) is what a reader opens; the
+  runs it was made from (one file per run, read back so that a study resumes where it
+  stopped) stay out of the way: ``lm`` (the LM runs the quality studies share, see
+  :mod:`lm_runs`), ``elastic``, ``paper_protocol``.
+  """
+  return out / "runs" / name
+
+
+def script(name: str) -> pathlib.Path:
+  """The study ``name``'s script, ``benchmarks/<topic>/<name>``, relative to the repository."""
+  (path,) = (ROOT / "benchmarks").glob(f"*/{name}")
+  return path.relative_to(ROOT)
+
+
+def command(name: str, args: argparse.Namespace) -> str:
   """The command that reproduces a result (with ``--out`` when it is not the default)."""
-  line = f"python benchmarks/{script}" + (" --quick" if args.quick else "")
+  line = f"python {script(name).as_posix()}" + (" --quick" if args.quick else "")
   line += "".join(f" {flag}" for flag in getattr(args, "flags", ()))  # The study's own.
   if args.out.resolve() not in (RESULTS.resolve(), QUICK_RESULTS.resolve()):
     line += f" --out {os.path.relpath(args.out, ROOT)}"
@@ -155,13 +172,13 @@ def write(
 ) -> list[pathlib.Path]:
   """Writes ``<args.out>/<name>.json`` and ``.md``; prints the markdown.
 
-  ``record`` gets ``study``, ``command`` (see :func:`command`), ``quick``, ``machine``,
-  ``date`` and ``notes`` added.
+  ``record`` gets ``study``, ``command`` (see :func:`command`; of the script ``<name>.py``
+  unless ``record`` names its own), ``quick``, ``machine``, ``date`` and ``notes`` added.
   """
   quick = args.quick
   record = {
     "study": name,
-    "command": command(f"{name}.py", args),
+    "command": record.get("command") or command(f"{name}.py", args),
     "quick": quick,
     "machine": machine(),
     "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),

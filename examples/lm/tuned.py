@@ -8,7 +8,7 @@ K = T = 16, 32 warmup steps, cosine decay to a tenth.
 
 :func:`bandwidth_table`: per method, the bandwidth per worker (Gbit/s) at which it
 keeps 90% (and 95%) of an H100's compute busy training GPT-2 small on 8 workers,
-under the accelerator model of ``benchmarks/accelerator_model.py`` (which writes
+under the accelerator model of ``benchmarks/communication/accelerator_model.py`` (which writes
 ``bandwidth_gpt2_small.json``; a test regenerates it). Nothing here imports JAX.
 """
 
@@ -40,7 +40,7 @@ BANDWIDTH_TABLE = pathlib.Path(__file__).resolve().parent / "bandwidth_gpt2_smal
 
 
 def bandwidth_table(path: pathlib.Path = BANDWIDTH_TABLE) -> dict:
-  """The table of ``benchmarks/accelerator_model.py --examples-table``.
+  """The table of ``benchmarks/communication/accelerator_model.py --examples-table``.
 
   Returns:
     ``{"model": ..., "assumptions": ..., "generated_by": ..., "gbit_for": {method:

@@ -1,8 +1,9 @@
 r"""The options of the low-rank Adam step (MATH.md §3), each written and checked once.
 
 :class:`LowRankOptions` holds each option's type, default and Args text (the public
-factories declare them by reference, :mod:`lordo_jax._keywords`); :func:`check_options`
-checks them all, in the name of the method that was given them.
+factories declare each with the same default, or with their own where the field records
+it, :mod:`lordo_jax._keywords`); :func:`check_options` checks them all, in the name of
+the method that was given them.
 """
 
 import dataclasses
@@ -121,6 +122,7 @@ class LowRankOptions:
     "weight of the low-rank term of the quasi-hyperbolic mix; 1 is plain low-rank Adam "
     "(GaLore), with no full-rank term.",
     1.0,
+    defaults={"lordo": 0.7, "lordo_local_projection": 0.7},
   )
   full_rank_rescale: float = keywords.option(
     "rescaling of the full-rank term ``G / (mu s)``.", 1.0, keyword="mu"
@@ -130,16 +132,23 @@ class LowRankOptions:
   eps: float = keywords.option("Adam's denominator offset.", 1e-8)
   projection: str = keywords.option(
     "how each basis is refreshed (MATH.md §5), batched over the matrices of one shape: "
-    '``"subspace_iteration"`` (LoRDO\'s, for ``None``: products and ``r x r`` Cholesky '
-    "factorizations, warm-started, the factorizations of every shape in one solver call; "
-    "on any hardware, and the one for GPUs and TPUs: 34 ms for GPT-2 small's 48 matrices "
-    "on an H200 with a call per shape, its first basis an SVD), "
-    "``\"svd\"`` (low-rank DDP's default, GaLore's: exact, but 100x that on a GPU, "
-    "whose solver library decomposes one matrix at a time; on CPU 3x), "
-    '``"randomized_svd"`` (sketches: workers average sketches instead of matrices; '
-    '8.5x on a GPU) or ``"dct"`` (no factorization, 0.2x, but trains worse); with '
-    '``two_sided=True``, ``"svd"`` (LoRDO\'s, for ``None``) or ``"randomized_svd"``.',
+    '``"subspace_iteration"`` (LoRDO\'s: matrix products and ``r x r`` Cholesky '
+    "factorizations, warm-started from the last basis, the factorizations of every shape "
+    "in one solver call, its first basis an SVD; on any hardware, and the one for GPUs "
+    "and TPUs, whose solver libraries decompose large matrices one at a time), "
+    "``\"svd\"`` (low-rank DDP's, GaLore's: exact, but a full decomposition of every "
+    'matrix at every refresh), ``"randomized_svd"`` (sketches: workers average sketches '
+    'instead of matrices) or ``"dct"`` (a fixed basis, nothing decomposed, but trains '
+    'worse); with ``two_sided=True``, ``"svd"`` (what LoRDO\'s default means there: '
+    'two-sided bases have no subspace iteration) or ``"randomized_svd"``. What each '
+    "costs on a GPU: `the accelerators guide "
+    "<../guides/accelerators.html#the-refresh-which-projection-where>`__.",
     "svd",
+    defaults={
+      "lordo": "subspace_iteration",
+      "lordo_local_projection": "subspace_iteration",
+      "lordo_global_projection_only": "subspace_iteration",
+    },
   )
   side: str = keywords.option(
     '``"auto"`` (moments on the smaller dimension: left when p >= q), ``"left"``, '
@@ -151,6 +160,7 @@ class LowRankOptions:
     'the moments at a refresh: ``"rotate"`` (LDAdam, MATH.md §4.6), ``"keep"`` '
     '(GaLore) or ``"reset"``.',
     "rotate",
+    defaults={"low_rank_ddp": "keep"},
   )
   error_feedback: bool = keywords.option(
     "keep the projection residual ``E = A - Q Q^T A`` (two-sided: ``A - U C V^T``) and "

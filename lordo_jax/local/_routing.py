@@ -227,6 +227,8 @@ FULL_RANK_COUNTERPARTS = {
   ),
   "low_rank_ddp": "AdamW on the averaged gradient (lordo_jax.ddp, with the default full_rank_nu)",
 }
+# lordo with omega = 1: the same without a low-rank leaf.
+FULL_RANK_COUNTERPARTS["lordo_global_projection_only"] = FULL_RANK_COUNTERPARTS["lordo"]
 
 
 def _no_low_rank_leaf(tree: Any, rank: int, who: str, warn: bool) -> None:

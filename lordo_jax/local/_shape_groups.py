@@ -35,9 +35,10 @@ def groups(matrices: list[jax.Array]) -> list[list[int]]:
 
 
 # Platforms whose local step keeps one group per matrix. On a CPU a kernel launch costs
-# nothing and stacking the gradients costs as much as the products it batches (12 of
-# GPT-2 small's 768 x 3072 gradients, 2 cores: 48 ms to stack, 37 ms to project one by
-# one, 40 batched); on a GPU each matrix's 5 to 6 kernels cost a launch each.
+# next to nothing and stacking the gradients (a copy of each) costs about as much as the
+# products it batches, so batching buys nothing there; on a GPU each of a matrix's few
+# kernels costs a launch. The timings are in BENCHMARKS.md, "Speed on a GPU: the refresh
+# and the step".
 PER_MATRIX_STEP_PLATFORMS = ("cpu",)
 
 # The grouping every local step takes whatever it is compiled for, while set: "per_matrix"

@@ -2,7 +2,8 @@ r"""Two-sided low-rank projection (TSR-Adam): moments and messages in an ``r x r
 
 The function-level face of the two-sided bases of :mod:`lordo_jax.local.bases`
 (:mod:`~lordo_jax.local.bases.two_sided` for what U and V share,
-:mod:`~lordo_jax.local.bases.two_sided_svd`, :mod:`~lordo_jax.local.bases.randomized_svd`):
+:mod:`~lordo_jax.local.bases.two_sided_svd`,
+:mod:`~lordo_jax.local.bases.two_sided_randomized_svd`):
 :func:`compute_basis` (whose docstring has the mathematics), :func:`random_basis`,
 :func:`randomized_bases`.
 """
@@ -10,8 +11,8 @@ The function-level face of the two-sided bases of :mod:`lordo_jax.local.bases`
 import jax
 
 from lordo_jax.local import bases as bases_lib
-from lordo_jax.local.bases.randomized_svd import randomized_bases
 from lordo_jax.local.bases.two_sided import TwoSidedBasis
+from lordo_jax.local.bases.two_sided_randomized_svd import randomized_bases
 from lordo_jax.local.bases.two_sided_svd import top_singular_vectors as svd_basis
 
 METHODS = tuple(bases_lib.TWO_SIDED)

@@ -20,7 +20,6 @@ from lordo_jax import _keywords as keywords
 from lordo_jax.comm import _collectives as collectives
 from lordo_jax.comm import _compression as compression_lib
 from lordo_jax.comm import _projected_mean as projected_mean
-from lordo_jax.local import _low_rank_options as low_rank_options
 from lordo_jax.local import _routing as routing
 from lordo_jax.methods import local_step
 from lordo_jax.methods import options as options_lib
@@ -106,10 +105,10 @@ def ddp(
   *,
   axis_name: str | None = None,
   compression: str | None = None,
-  b1: float = low_rank_options.LowRankOptions.b1,
-  b2: float = low_rank_options.LowRankOptions.b2,
-  eps: float = low_rank_options.LowRankOptions.eps,
-  weight_decay: float = options_lib.LocalOptions.weight_decay,
+  b1: float = 0.9,
+  b2: float = 0.999,
+  eps: float = 1e-8,
+  weight_decay: float = 0.0,
 ) -> optax.GradientTransformation:
   r"""Data-parallel AdamW (DDP): the full gradient is averaged every step.
 
@@ -178,7 +177,7 @@ def _check_projected(who: str, *, omega, compression, error_feedback) -> None:
     )
 
 
-@keywords.takes(options_lib.basics("axis_name"), options_lib.LOW_RANK, overrides=("transport",))
+@keywords.takes(options_lib.basics("axis_name"), options_lib.LOW_RANK)
 def low_rank_ddp(
   learning_rate: optax.ScalarOrSchedule,
   *,
@@ -187,27 +186,27 @@ def low_rank_ddp(
   axis_name: str | None = None,
   communicate: str = "full",
   compression: str | None = None,
-  omega: float = low_rank_options.LowRankOptions.omega,
-  mu: float = low_rank_options.LowRankOptions.full_rank_rescale,
-  b1: float = low_rank_options.LowRankOptions.b1,
-  b2: float = low_rank_options.LowRankOptions.b2,
-  eps: float = low_rank_options.LowRankOptions.eps,
-  projection: str = low_rank_options.LowRankOptions.projection,
-  side: str = low_rank_options.LowRankOptions.side,
+  omega: float = 1.0,
+  mu: float = 1.0,
+  b1: float = 0.9,
+  b2: float = 0.999,
+  eps: float = 1e-8,
+  projection: str = "svd",
+  side: str = "auto",
   transport: str = "keep",
-  error_feedback: bool = low_rank_options.LowRankOptions.error_feedback,
-  error_feedback_dtype: str = low_rank_options.LowRankOptions.error_feedback_dtype,
-  full_rank_scale: str = low_rank_options.LowRankOptions.full_rank_scale,
-  full_rank_numerator: str = low_rank_options.LowRankOptions.full_rank_numerator,
-  qh_nu: float = low_rank_options.LowRankOptions.qh_nu,
-  low_rank_term: str = low_rank_options.LowRankOptions.low_rank_term,
-  subspace_iterations: int | None = low_rank_options.LowRankOptions.subspace_iterations,
-  two_sided: bool = low_rank_options.LowRankOptions.two_sided,
-  oversample: int | None = low_rank_options.LowRankOptions.oversample,
-  power_iterations: int | None = low_rank_options.LowRankOptions.power_iterations,
-  weight_decay: float = options_lib.LocalOptions.weight_decay,
-  full_rank_nu: float = options_lib.LocalOptions.full_rank_nu,
-  low_rank_labels: Callable | None = options_lib.LocalOptions.low_rank_labels,
+  error_feedback: bool = False,
+  error_feedback_dtype: str = "float32",
+  full_rank_scale: str = "scalar",
+  full_rank_numerator: str = "gradient",
+  qh_nu: float = 1.0,
+  low_rank_term: str = "adam",
+  subspace_iterations: int | None = None,
+  two_sided: bool = False,
+  oversample: int | None = None,
+  power_iterations: int | None = None,
+  weight_decay: float = 0.0,
+  full_rank_nu: float = 1.0,
+  low_rank_labels: Callable | None = None,
 ) -> optax.GradientTransformation:
   r"""Low-rank DDP (GaLore-DDP): low-rank Adam on the averaged gradient.
 

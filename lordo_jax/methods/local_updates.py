@@ -13,10 +13,8 @@ import optax
 
 from lordo_jax import _checks as checks
 from lordo_jax import _keywords as keywords
-from lordo_jax.local import _low_rank_options as low_rank_options
 from lordo_jax.methods import local_step
 from lordo_jax.methods import options as options_lib
-from lordo_jax.round import _round_options as round_options_lib
 from lordo_jax.round import _synchronize as sync_lib
 
 
@@ -26,17 +24,17 @@ def local_adam(
   *,
   sync_every: int | Callable,
   axis_name: str | None = None,
-  b1: float = low_rank_options.LowRankOptions.b1,
-  b2: float = low_rank_options.LowRankOptions.b2,
-  eps: float = low_rank_options.LowRankOptions.eps,
-  weight_decay: float = options_lib.LocalOptions.weight_decay,
-  compression: str | None = round_options_lib.RoundOptions.compression,
-  fragments: int | Callable | None = round_options_lib.RoundOptions.fragments,
-  fault_tolerant: bool = round_options_lib.RoundOptions.fault_tolerant,
-  overlap: str | int | None = round_options_lib.RoundOptions.overlap,
-  merge: str | None = round_options_lib.RoundOptions.merge,
-  merge_alpha: float = round_options_lib.RoundOptions.merge_alpha,
-  offload: bool = round_options_lib.RoundOptions.offload,
+  b1: float = 0.9,
+  b2: float = 0.999,
+  eps: float = 1e-8,
+  weight_decay: float = 0.0,
+  compression: str | None = None,
+  fragments: int | Callable | None = None,
+  fault_tolerant: bool = False,
+  overlap: str | int | None = None,
+  merge: str | None = None,
+  merge_alpha: float = 0.0,
+  offload: bool = False,
 ) -> optax.GradientTransformationExtraArgs:
   r"""Local Adam: local AdamW steps; params and both moments averaged every K steps.
 
@@ -71,24 +69,41 @@ def local_adam(
     <https://arxiv.org/abs/2505.22549>`_, 2025 (Local Adam averages both moments).
   """
   who = "local_adam"
-  adam, round_options = _split(who, locals())
-  return sync_lib.synchronize(
-    local_step.adamw(learning_rate, **adam),
-    moment_decays=(adam["b1"], adam["b2"]),
-    sync_every=sync_every,
-    axis_name=axis_name,
-    first_moment_every=1,
-    second_moment_every=1,
-    name=who,
-    **round_options,
-  )
+  adam = _adam(who, locals())
+  return _synchronized(who, locals(), adam, first_moment_every=1, second_moment_every=1)
 
 
-def _split(who: str, options: dict[str, Any]) -> tuple[dict, dict]:
-  """``options`` as (AdamW's, checked; the round's)."""
+def _adam(who: str, options: dict[str, Any]) -> dict[str, Any]:
+  """AdamW's options among a method's keywords ``options``, checked."""
   options_lib.check_adam(who, options)
-  adam = {k.name: options[k.name] for k in options_lib.ADAM}
-  return adam, keywords.given(options, options_lib.ROUND)
+  return {k.name: options[k.name] for k in options_lib.ADAM}
+
+
+def _synchronized(
+  who: str,
+  options: dict[str, Any],
+  adam: dict[str, Any],
+  *,
+  first_moment_every: int | None,
+  second_moment_every: int | None,
+  outer_optimizer: optax.GradientTransformation | None = None,
+) -> optax.GradientTransformationExtraArgs:
+  """:func:`lordo_jax.synchronize` of AdamW with ``adam``; the method's round options,
+  among its keywords ``options``, checked once in ``who``'s name."""
+  return sync_lib.synchronized(
+    local_step.adamw(options["learning_rate"], **adam),
+    sync_every=options["sync_every"],
+    axis_name=options["axis_name"],
+    outer_optimizer=outer_optimizer,
+    first_moment_every=first_moment_every,
+    second_moment_every=second_moment_every,
+    low_rank=None,
+    init_projection="gradient",
+    projection_source="pseudo_gradient",
+    moment_decays=(adam["b1"], adam["b2"]),
+    name=who,
+    options=options_lib.round_options(who, options),
+  )
 
 
 def _period_in_syncs(who: str, name: str, steps, sync_every: int) -> int:
@@ -106,7 +121,6 @@ def _period_in_syncs(who: str, name: str, steps, sync_every: int) -> int:
   options_lib.basics("sync_every", "axis_name"),
   options_lib.ADAM,
   options_lib.ROUND,
-  overrides=("sync_every",),  # an int: its moment periods are multiples of it
 )
 def desloc(
   learning_rate: optax.ScalarOrSchedule,
@@ -115,17 +129,17 @@ def desloc(
   first_moment_every: int | None = None,
   second_moment_every: int | None = None,
   axis_name: str | None = None,
-  b1: float = low_rank_options.LowRankOptions.b1,
-  b2: float = low_rank_options.LowRankOptions.b2,
-  eps: float = low_rank_options.LowRankOptions.eps,
-  weight_decay: float = options_lib.LocalOptions.weight_decay,
-  compression: str | None = round_options_lib.RoundOptions.compression,
-  fragments: int | Callable | None = round_options_lib.RoundOptions.fragments,
-  fault_tolerant: bool = round_options_lib.RoundOptions.fault_tolerant,
-  overlap: str | int | None = round_options_lib.RoundOptions.overlap,
-  merge: str | None = round_options_lib.RoundOptions.merge,
-  merge_alpha: float = round_options_lib.RoundOptions.merge_alpha,
-  offload: bool = round_options_lib.RoundOptions.offload,
+  b1: float = 0.9,
+  b2: float = 0.999,
+  eps: float = 1e-8,
+  weight_decay: float = 0.0,
+  compression: str | None = None,
+  fragments: int | Callable | None = None,
+  fault_tolerant: bool = False,
+  overlap: str | int | None = None,
+  merge: str | None = None,
+  merge_alpha: float = 0.0,
+  offload: bool = False,
 ) -> optax.GradientTransformationExtraArgs:
   r"""DES-LOC: local AdamW with independent periods for params and each moment.
 
@@ -164,23 +178,33 @@ def desloc(
     Training Foundation Models <https://arxiv.org/abs/2505.22549>`_, 2025.
   """
   who = "desloc"
-  checks.positive_int(who, "sync_every", sync_every)
-  adam, round_options = _split(who, locals())
+  options = dict(locals())
+  adam = _adam(who, options)
+  round_options = options_lib.round_options(who, options)  # sync_every among them.
+  if callable(sync_every):
+    raise ValueError(
+      f"{who}: sync_every={sync_every!r} is not accepted; expected an int >= 1 (the "
+      "moment periods are multiples of it)."
+    )
   if first_moment_every is None:
     first_moment_every = 3 * sync_every
   if second_moment_every is None:
     second_moment_every = 6 * sync_every
-  return sync_lib.synchronize(
+  return sync_lib.synchronized(
     local_step.adamw(learning_rate, **adam),
-    moment_decays=(adam["b1"], adam["b2"]),
     sync_every=sync_every,
     axis_name=axis_name,
+    outer_optimizer=None,
     first_moment_every=_period_in_syncs(who, "first_moment_every", first_moment_every, sync_every),
     second_moment_every=_period_in_syncs(
       who, "second_moment_every", second_moment_every, sync_every
     ),
+    low_rank=None,
+    init_projection="gradient",
+    projection_source="pseudo_gradient",
+    moment_decays=(adam["b1"], adam["b2"]),
     name=who,
-    **round_options,
+    options=round_options,
   )
 
 
@@ -193,17 +217,17 @@ def diloco(
   outer_learning_rate: float = 0.7,
   outer_momentum: float = 0.9,
   nesterov: bool = True,
-  b1: float = low_rank_options.LowRankOptions.b1,
-  b2: float = low_rank_options.LowRankOptions.b2,
-  eps: float = low_rank_options.LowRankOptions.eps,
-  weight_decay: float = options_lib.LocalOptions.weight_decay,
-  compression: str | None = round_options_lib.RoundOptions.compression,
-  fragments: int | Callable | None = round_options_lib.RoundOptions.fragments,
-  fault_tolerant: bool = round_options_lib.RoundOptions.fault_tolerant,
-  overlap: str | int | None = round_options_lib.RoundOptions.overlap,
-  merge: str | None = round_options_lib.RoundOptions.merge,
-  merge_alpha: float = round_options_lib.RoundOptions.merge_alpha,
-  offload: bool = round_options_lib.RoundOptions.offload,
+  b1: float = 0.9,
+  b2: float = 0.999,
+  eps: float = 1e-8,
+  weight_decay: float = 0.0,
+  compression: str | None = None,
+  fragments: int | Callable | None = None,
+  fault_tolerant: bool = False,
+  overlap: str | int | None = None,
+  merge: str | None = None,
+  merge_alpha: float = 0.0,
+  offload: bool = False,
 ) -> optax.GradientTransformationExtraArgs:
   r"""DiLoCo: local AdamW, an outer Nesterov SGD on the averaged pseudo-gradient.
 
@@ -245,16 +269,13 @@ def diloco(
   checks.positive(who, "outer_learning_rate", outer_learning_rate)
   checks.in_interval(who, "outer_momentum", outer_momentum, 0.0, 1.0, closed_high=False)
   checks.one_of(who, "nesterov", nesterov, (True, False))
-  adam, round_options = _split(who, locals())
+  adam = _adam(who, locals())
   outer = optax.sgd(outer_learning_rate, momentum=outer_momentum, nesterov=nesterov)
-  return sync_lib.synchronize(
-    local_step.adamw(learning_rate, **adam),
-    moment_decays=(adam["b1"], adam["b2"]),
-    sync_every=sync_every,
-    axis_name=axis_name,
+  return _synchronized(
+    who,
+    locals(),
+    adam,
     outer_optimizer=outer,
     first_moment_every=None,
     second_moment_every=None,
-    name=who,
-    **round_options,
   )

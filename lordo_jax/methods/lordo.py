@@ -12,10 +12,8 @@ import optax
 
 from lordo_jax import _checks as checks
 from lordo_jax import _keywords as keywords
-from lordo_jax.local import _low_rank_options as low_rank_options
 from lordo_jax.methods import local_step
 from lordo_jax.methods import options as options_lib
-from lordo_jax.round import _round_options as round_options_lib
 from lordo_jax.round import _synchronize as sync_lib
 
 # Where LoRDO's first basis comes from, as its two pieces name it: (the local step's,
@@ -29,18 +27,19 @@ DEFAULT_PROJECTION = "subspace_iteration"
 
 
 def with_projection(options: dict[str, Any]) -> dict[str, Any]:
-  """``options`` with LoRDO's refresh for ``projection=None``: subspace iteration, or
-  the SVD with ``two_sided=True`` (two-sided bases have no subspace iteration)."""
-  if options.get("projection") is not None:
-    return options
-  return dict(options, projection="svd" if options.get("two_sided") else DEFAULT_PROJECTION)
+  """``options`` with the refresh LoRDO runs: ``projection`` (its default when absent),
+  except that the default means the SVD with ``two_sided=True`` (two-sided bases have no
+  subspace iteration)."""
+  projection = options.get("projection", DEFAULT_PROJECTION)
+  if projection == DEFAULT_PROJECTION and options.get("two_sided"):
+    projection = "svd"
+  return dict(options, projection=projection)
 
 
 @keywords.takes(
   options_lib.basics("sync_every", "axis_name", "outer_optimizer"),
   options_lib.LOW_RANK,
   options_lib.ROUND,
-  overrides=("omega", "projection"),
 )
 def lordo(
   learning_rate: optax.ScalarOrSchedule,
@@ -53,33 +52,33 @@ def lordo(
   sync_moments_every: int | None = None,
   seed: int | None = None,
   omega: float = 0.7,
-  mu: float = low_rank_options.LowRankOptions.full_rank_rescale,
-  b1: float = low_rank_options.LowRankOptions.b1,
-  b2: float = low_rank_options.LowRankOptions.b2,
-  eps: float = low_rank_options.LowRankOptions.eps,
-  projection: str | None = None,
-  side: str = low_rank_options.LowRankOptions.side,
-  transport: str = low_rank_options.LowRankOptions.transport,
-  error_feedback: bool = low_rank_options.LowRankOptions.error_feedback,
-  error_feedback_dtype: str = low_rank_options.LowRankOptions.error_feedback_dtype,
-  full_rank_scale: str = low_rank_options.LowRankOptions.full_rank_scale,
-  full_rank_numerator: str = low_rank_options.LowRankOptions.full_rank_numerator,
-  qh_nu: float = low_rank_options.LowRankOptions.qh_nu,
-  low_rank_term: str = low_rank_options.LowRankOptions.low_rank_term,
-  subspace_iterations: int | None = low_rank_options.LowRankOptions.subspace_iterations,
-  two_sided: bool = low_rank_options.LowRankOptions.two_sided,
-  oversample: int | None = low_rank_options.LowRankOptions.oversample,
-  power_iterations: int | None = low_rank_options.LowRankOptions.power_iterations,
-  weight_decay: float = options_lib.LocalOptions.weight_decay,
-  full_rank_nu: float = options_lib.LocalOptions.full_rank_nu,
-  low_rank_labels: Callable | None = options_lib.LocalOptions.low_rank_labels,
-  compression: str | None = round_options_lib.RoundOptions.compression,
-  fragments: int | Callable | None = round_options_lib.RoundOptions.fragments,
-  fault_tolerant: bool = round_options_lib.RoundOptions.fault_tolerant,
-  overlap: str | int | None = round_options_lib.RoundOptions.overlap,
-  merge: str | None = round_options_lib.RoundOptions.merge,
-  merge_alpha: float = round_options_lib.RoundOptions.merge_alpha,
-  offload: bool = round_options_lib.RoundOptions.offload,
+  mu: float = 1.0,
+  b1: float = 0.9,
+  b2: float = 0.999,
+  eps: float = 1e-8,
+  projection: str = "subspace_iteration",
+  side: str = "auto",
+  transport: str = "rotate",
+  error_feedback: bool = False,
+  error_feedback_dtype: str = "float32",
+  full_rank_scale: str = "scalar",
+  full_rank_numerator: str = "gradient",
+  qh_nu: float = 1.0,
+  low_rank_term: str = "adam",
+  subspace_iterations: int | None = None,
+  two_sided: bool = False,
+  oversample: int | None = None,
+  power_iterations: int | None = None,
+  weight_decay: float = 0.0,
+  full_rank_nu: float = 1.0,
+  low_rank_labels: Callable | None = None,
+  compression: str | None = None,
+  fragments: int | Callable | None = None,
+  fault_tolerant: bool = False,
+  overlap: str | int | None = None,
+  merge: str | None = None,
+  merge_alpha: float = 0.0,
+  offload: bool = False,
 ) -> optax.GradientTransformationExtraArgs:
   r"""LoRDO: low-rank Adam with infrequent synchronisation and a full-rank QH term.
 
@@ -97,6 +96,10 @@ def lordo(
   The full-rank quasi-hyperbolic term keeps the subspace moving (without it, see
   :func:`lordo_global_projection_only`). This is :func:`lordo_jax.synchronize` of the
   low-rank local step (low-rank AdamW with the quasi-hyperbolic full-rank term, MATH.md §3).
+
+  The bases are refreshed by ``projection``, by default warm-started subspace iteration;
+  with ``two_sided=True`` that default means the two-sided SVD, as two-sided bases have
+  no subspace iteration (the one default that is not what it says).
 
   Leaves that are not low-rank matrices (biases, norms, small matrices, or those
   ``low_rank_labels`` excludes) take local AdamW with the same synchronisation.
@@ -138,34 +141,40 @@ def lordo(
     Jovanović et al., `LoRDO: Distributed Low-Rank Optimization with Infrequent
     Communication <https://arxiv.org/abs/2602.04396>`_, ICML 2026.
   """
-  who = "lordo"
-  arguments = dict(locals())
+  return _lordo("lordo", locals())
+
+
+def _lordo(who: str, arguments: dict[str, Any]) -> optax.GradientTransformationExtraArgs:
+  """:func:`lordo` from its keywords, each checked once, in ``who``'s name."""
   keywords_given = with_projection(keywords.given(arguments, options_lib.LOW_RANK))
   step_options, local_options = options_lib.low_rank_step(who, keywords_given)
+  sync_moments_every = arguments["sync_moments_every"]
   sync_moments_every = 1 if sync_moments_every is None else sync_moments_every
   checks.positive_int(who, "sync_moments_every", sync_moments_every)
+  init_projection = arguments["init_projection"]
   checks.one_of(who, "init_projection", init_projection, tuple(FIRST_BASIS))
   local_first_basis, round_first_basis = FIRST_BASIS[init_projection]
   low_rank, local_optimizer = local_step.low_rank_adamw(
     step_options,
     local_options,
-    learning_rate,
+    arguments["learning_rate"],
     who=who,
     init_projection=local_first_basis,
-    seed=seed,
+    seed=arguments["seed"],
   )
-  return sync_lib.synchronize(
+  return sync_lib.synchronized(
     local_optimizer,
-    sync_every=sync_every,
-    axis_name=axis_name,
-    outer_optimizer=outer_optimizer,
+    sync_every=arguments["sync_every"],
+    axis_name=arguments["axis_name"],
+    outer_optimizer=arguments["outer_optimizer"],
     first_moment_every=sync_moments_every,
     second_moment_every=sync_moments_every,
     low_rank=low_rank,
     init_projection=round_first_basis,
+    projection_source="pseudo_gradient",
     moment_decays=(step_options.b1, step_options.b2),
     name=who,
-    **keywords.given(arguments, options_lib.ROUND),
+    options=options_lib.round_options(who, arguments),
   )
 
 
@@ -173,7 +182,6 @@ def lordo(
   options_lib.basics("sync_every", "axis_name", "outer_optimizer"),
   options_lib.LOW_RANK,
   options_lib.ROUND,
-  overrides=("omega", "projection"),
 )
 def lordo_local_projection(
   learning_rate: optax.ScalarOrSchedule,
@@ -183,33 +191,33 @@ def lordo_local_projection(
   axis_name: str | None = None,
   outer_optimizer: optax.GradientTransformation | None = None,
   omega: float = 0.7,
-  mu: float = low_rank_options.LowRankOptions.full_rank_rescale,
-  b1: float = low_rank_options.LowRankOptions.b1,
-  b2: float = low_rank_options.LowRankOptions.b2,
-  eps: float = low_rank_options.LowRankOptions.eps,
-  projection: str | None = None,
-  side: str = low_rank_options.LowRankOptions.side,
-  transport: str = low_rank_options.LowRankOptions.transport,
-  error_feedback: bool = low_rank_options.LowRankOptions.error_feedback,
-  error_feedback_dtype: str = low_rank_options.LowRankOptions.error_feedback_dtype,
-  full_rank_scale: str = low_rank_options.LowRankOptions.full_rank_scale,
-  full_rank_numerator: str = low_rank_options.LowRankOptions.full_rank_numerator,
-  qh_nu: float = low_rank_options.LowRankOptions.qh_nu,
-  low_rank_term: str = low_rank_options.LowRankOptions.low_rank_term,
-  subspace_iterations: int | None = low_rank_options.LowRankOptions.subspace_iterations,
-  two_sided: bool = low_rank_options.LowRankOptions.two_sided,
-  oversample: int | None = low_rank_options.LowRankOptions.oversample,
-  power_iterations: int | None = low_rank_options.LowRankOptions.power_iterations,
-  weight_decay: float = options_lib.LocalOptions.weight_decay,
-  full_rank_nu: float = options_lib.LocalOptions.full_rank_nu,
-  low_rank_labels: Callable | None = options_lib.LocalOptions.low_rank_labels,
-  compression: str | None = round_options_lib.RoundOptions.compression,
-  fragments: int | Callable | None = round_options_lib.RoundOptions.fragments,
-  fault_tolerant: bool = round_options_lib.RoundOptions.fault_tolerant,
-  overlap: str | int | None = round_options_lib.RoundOptions.overlap,
-  merge: str | None = round_options_lib.RoundOptions.merge,
-  merge_alpha: float = round_options_lib.RoundOptions.merge_alpha,
-  offload: bool = round_options_lib.RoundOptions.offload,
+  mu: float = 1.0,
+  b1: float = 0.9,
+  b2: float = 0.999,
+  eps: float = 1e-8,
+  projection: str = "subspace_iteration",
+  side: str = "auto",
+  transport: str = "rotate",
+  error_feedback: bool = False,
+  error_feedback_dtype: str = "float32",
+  full_rank_scale: str = "scalar",
+  full_rank_numerator: str = "gradient",
+  qh_nu: float = 1.0,
+  low_rank_term: str = "adam",
+  subspace_iterations: int | None = None,
+  two_sided: bool = False,
+  oversample: int | None = None,
+  power_iterations: int | None = None,
+  weight_decay: float = 0.0,
+  full_rank_nu: float = 1.0,
+  low_rank_labels: Callable | None = None,
+  compression: str | None = None,
+  fragments: int | Callable | None = None,
+  fault_tolerant: bool = False,
+  overlap: str | int | None = None,
+  merge: str | None = None,
+  merge_alpha: float = 0.0,
+  offload: bool = False,
 ) -> optax.GradientTransformationExtraArgs:
   r"""LoRDO ablation: each worker projects with its own gradient; moments stay local.
 
@@ -225,7 +233,8 @@ def lordo_local_projection(
   subspaces and are not averaged (nor are the full-rank path's). It is
   :func:`lordo_jax.synchronize` of the same low-rank local step. Communication:
   ``pq`` elements per ``p x q`` leaf per K steps (MATH.md §7); no first-gradient
-  message.
+  message. With ``two_sided=True``, ``projection``'s default means the
+  two-sided SVD, as in :func:`lordo`.
 
   Args:
     {options}
@@ -253,7 +262,7 @@ def lordo_local_projection(
   low_rank, local_optimizer = local_step.low_rank_adamw(
     step_options, local_options, learning_rate, who=who, init_projection="external"
   )
-  return sync_lib.synchronize(
+  return sync_lib.synchronized(
     local_optimizer,
     sync_every=sync_every,
     axis_name=axis_name,
@@ -263,8 +272,9 @@ def lordo_local_projection(
     low_rank=low_rank,
     init_projection="gradient",
     projection_source="local_gradient",
+    moment_decays=None,
     name=who,
-    **keywords.given(arguments, options_lib.ROUND),
+    options=options_lib.round_options(who, arguments),
   )
 
 
@@ -272,7 +282,6 @@ def lordo_local_projection(
   options_lib.basics("sync_every", "axis_name", "outer_optimizer"),
   keywords.without(options_lib.LOW_RANK, "omega"),
   options_lib.ROUND,
-  overrides=("projection",),
 )
 def lordo_global_projection_only(
   learning_rate: optax.ScalarOrSchedule,
@@ -284,33 +293,33 @@ def lordo_global_projection_only(
   outer_optimizer: optax.GradientTransformation | None = None,
   sync_moments_every: int | None = None,
   seed: int | None = None,
-  mu: float = low_rank_options.LowRankOptions.full_rank_rescale,
-  b1: float = low_rank_options.LowRankOptions.b1,
-  b2: float = low_rank_options.LowRankOptions.b2,
-  eps: float = low_rank_options.LowRankOptions.eps,
-  projection: str | None = None,
-  side: str = low_rank_options.LowRankOptions.side,
-  transport: str = low_rank_options.LowRankOptions.transport,
-  error_feedback: bool = low_rank_options.LowRankOptions.error_feedback,
-  error_feedback_dtype: str = low_rank_options.LowRankOptions.error_feedback_dtype,
-  full_rank_scale: str = low_rank_options.LowRankOptions.full_rank_scale,
-  full_rank_numerator: str = low_rank_options.LowRankOptions.full_rank_numerator,
-  qh_nu: float = low_rank_options.LowRankOptions.qh_nu,
-  low_rank_term: str = low_rank_options.LowRankOptions.low_rank_term,
-  subspace_iterations: int | None = low_rank_options.LowRankOptions.subspace_iterations,
-  two_sided: bool = low_rank_options.LowRankOptions.two_sided,
-  oversample: int | None = low_rank_options.LowRankOptions.oversample,
-  power_iterations: int | None = low_rank_options.LowRankOptions.power_iterations,
-  weight_decay: float = options_lib.LocalOptions.weight_decay,
-  full_rank_nu: float = options_lib.LocalOptions.full_rank_nu,
-  low_rank_labels: Callable | None = options_lib.LocalOptions.low_rank_labels,
-  compression: str | None = round_options_lib.RoundOptions.compression,
-  fragments: int | Callable | None = round_options_lib.RoundOptions.fragments,
-  fault_tolerant: bool = round_options_lib.RoundOptions.fault_tolerant,
-  overlap: str | int | None = round_options_lib.RoundOptions.overlap,
-  merge: str | None = round_options_lib.RoundOptions.merge,
-  merge_alpha: float = round_options_lib.RoundOptions.merge_alpha,
-  offload: bool = round_options_lib.RoundOptions.offload,
+  mu: float = 1.0,
+  b1: float = 0.9,
+  b2: float = 0.999,
+  eps: float = 1e-8,
+  projection: str = "subspace_iteration",
+  side: str = "auto",
+  transport: str = "rotate",
+  error_feedback: bool = False,
+  error_feedback_dtype: str = "float32",
+  full_rank_scale: str = "scalar",
+  full_rank_numerator: str = "gradient",
+  qh_nu: float = 1.0,
+  low_rank_term: str = "adam",
+  subspace_iterations: int | None = None,
+  two_sided: bool = False,
+  oversample: int | None = None,
+  power_iterations: int | None = None,
+  weight_decay: float = 0.0,
+  full_rank_nu: float = 1.0,
+  low_rank_labels: Callable | None = None,
+  compression: str | None = None,
+  fragments: int | Callable | None = None,
+  fault_tolerant: bool = False,
+  overlap: str | int | None = None,
+  merge: str | None = None,
+  merge_alpha: float = 0.0,
+  offload: bool = False,
 ) -> optax.GradientTransformationExtraArgs:
   r"""LoRDO ablation without the full-rank term: :func:`lordo` with ``omega = 1``.
 
@@ -320,7 +329,8 @@ def lordo_global_projection_only(
   Every local update then lies in span(Q), so the averaged pseudo-gradient does too,
   and its top-r subspace, the next Q, is span(Q) again: the subspace never moves
   from the first one (MATH.md §1). The ablation that shows why LoRDO needs the
-  quasi-hyperbolic term. Communication: as :func:`lordo`.
+  quasi-hyperbolic term. Communication, and ``projection`` with ``two_sided=True``: as
+  :func:`lordo`.
 
   Args:
     {options}
@@ -344,4 +354,4 @@ def lordo_global_projection_only(
     Communication <https://arxiv.org/abs/2602.04396>`_, ICML 2026 (the global
     projection ablation).
   """
-  return lordo(**locals(), omega=1.0)
+  return _lordo("lordo_global_projection_only", dict(locals(), omega=1.0))

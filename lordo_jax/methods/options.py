@@ -18,6 +18,7 @@ from lordo_jax import _checks as checks
 from lordo_jax import _keywords as keywords
 from lordo_jax.local import _low_rank_options as low_rank_options
 from lordo_jax.round import _round_options as round_options_lib
+from lordo_jax.round import _synchronize as sync_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,3 +81,11 @@ def low_rank_step(
   checks.in_interval(who, "full_rank_nu", local_options.full_rank_nu, 0.0, 1.0, closed_high=True)
   checks.non_negative(who, "weight_decay", local_options.weight_decay)
   return step_options, local_options
+
+
+def round_options(who: str, options: dict[str, Any]) -> round_options_lib.RoundOptions:
+  """A method's round options, from its keywords, each checked once in ``who``'s name
+  (:func:`lordo_jax.round._synchronize.check_round`, ``sync_every`` among them)."""
+  r = keywords.build(round_options_lib.RoundOptions, options)
+  sync_lib.check_round(who, options["sync_every"], r)
+  return r

@@ -304,9 +304,25 @@ def _corrected_moments(
   return inner_state
 
 
-def check(name, r, sync_every, fragments, moment_periods, decays):
-  """``overlap`` and ``merge``, checked against the options they need; returns ``merge``."""
-  window = isinstance(r.overlap, int) and not isinstance(r.overlap, bool) and r.overlap > 0
+def _is_window(overlap) -> bool:
+  """``overlap`` is tau, an int >= 1 (not ``"round"``, ``None`` or 0)."""
+  return isinstance(overlap, int) and not isinstance(overlap, bool) and overlap > 0
+
+
+def merge_of(r) -> str | None:
+  """The merge a round with the options ``r`` takes: ``r.merge``, or the overlap's
+  default (``"eager"`` for ``"round"``, ``"rebase"`` for tau); ``None`` without overlap."""
+  if not r.overlap:
+    return None
+  if r.merge is not None:
+    return r.merge
+  return (WINDOW_MERGES if _is_window(r.overlap) else MERGES)[0]
+
+
+def check(name, r, sync_every, fragments):
+  """``overlap``, ``merge`` and ``merge_alpha``, checked against the options they need
+  (``fragments``: ``None`` is 1)."""
+  window = _is_window(r.overlap)
   if window and not (callable(sync_every) or r.overlap < sync_every):
     raise ValueError(
       f"{name}: overlap={r.overlap!r} is not accepted with sync_every={sync_every}; "
@@ -317,15 +333,15 @@ def check(name, r, sync_every, fragments, moment_periods, decays):
   if not r.overlap:
     if r.merge is not None:
       raise ValueError(f"{name}: merge={r.merge!r} needs an overlap; drop merge.")
-    return None
-  merges = WINDOW_MERGES if window else MERGES
-  merge = merges[0] if r.merge is None else r.merge
-  checks.one_of(name, "merge", merge, merges)
+    return
+  merge = merge_of(r)
+  checks.one_of(name, "merge", merge, WINDOW_MERGES if window else MERGES)
   checks.in_interval(name, "merge_alpha", r.merge_alpha, 0.0, 1.0, closed_high=False)
   if isinstance(r.merge_alpha, numbers.Real) and r.merge_alpha != 0 and merge != "streaming":
     raise ValueError(
       f"{name}: merge_alpha={r.merge_alpha!r} needs merge='streaming'; drop merge_alpha."
     )
+  fragments = 1 if fragments is None else fragments
   refused = {  # option: (its value, whether it is refused, why)
     "fragments": (
       fragments,
@@ -341,20 +357,26 @@ def check(name, r, sync_every, fragments, moment_periods, decays):
         f"{name}: {option}={value!r} is not available with overlap={r.overlap!r} ({why}); "
         "use overlap=None for it."
       )
+  if window and isinstance(fragments, int):
+    check_spacing(name, sync_every, fragments, r.overlap)
+
+
+def check_moment_periods(name, overlap, moment_periods, decays) -> None:
+  """With an ``overlap``, moments averaged at every sync or never, and their decays
+  given: what a method built on the round gives it (DES-LOC's periods, LoRDO's)."""
+  if not overlap:
+    return
   if any(p not in (None, 1) for p in moment_periods):
     raise ValueError(
       f"{name}: moments averaged every {moment_periods} syncs are not available with "
-      f"overlap={r.overlap!r} (each message freezes the moments of every round); average them "
+      f"overlap={overlap!r} (each message freezes the moments of every round); average them "
       "every sync, or use overlap=None."
     )
   if any(p is not None for p in moment_periods) and decays is None:
     raise ValueError(
-      f"{name}: overlap={r.overlap!r} with moment averaging needs moment_decays=(b1, b2), the "
+      f"{name}: overlap={overlap!r} with moment averaging needs moment_decays=(b1, b2), the "
       "inner optimizer's, to correct the moments at a landing."
     )
-  if window and isinstance(fragments, int):
-    check_spacing(name, sync_every, fragments, r.overlap)
-  return merge
 
 
 def overlap_phase(step: int, *, sync_every: int, overlap: Any, fragments: int = 1) -> str:

@@ -1,8 +1,8 @@
 """A training step compiled so that, on a GPU, the message in flight runs under all of it.
 
 The chunk a step sends (:mod:`lordo_jax.round._overlap`) reads nothing the step
-computes, but XLA's GPU scheduler starts it only as early as its latency model asks (tens
-of microseconds for a chunk), and one collective at a time. :func:`compile_overlapped`
+computes, but XLA's GPU scheduler starts it only as early as its latency model asks (a small part
+of the step for a chunk), and one collective at a time. :func:`compile_overlapped`
 finds the chunk's collectives in a first compile by their named scope and compiles again
 with a profile that says they are slow, and every collective allowed in flight at once.
 """
@@ -45,8 +45,8 @@ def compile_overlapped(train_step: Callable, *args, **kwargs) -> jax.stages.Comp
   The chunk depends on nothing the step computes, so it may run under the whole forward
   and backward pass; on a GPU, XLA's scheduler decides how much of it. That scheduler
   gives an asynchronous collective only as much compute as its latency model says the
-  collective takes (for a chunk of a hundred kilobytes, tens of microseconds: a few of
-  the step's last matrix products), and keeps one collective in flight at a time, so
+  collective takes (for a chunk, a small part of the step: a few of the step's last
+  matrix products), and keeps one collective in flight at a time, so
   that a collective of the step's own (the round's, in its conditional) holds the chunk
   back.
 
@@ -118,9 +118,10 @@ def compile_overlapped(train_step: Callable, *args, **kwargs) -> jax.stages.Comp
 def _overlap_limit(hlo_text: str) -> int:
   """Collectives XLA may keep in flight at once: every asynchronous one of the program
   (at least two), so that none of the step's own (a round's, in its conditional; a
-  sharded model's gathers) holds the message back. With two, GPT-2's round in flight
-  still started after 239 of its 243 forward/backward GEMMs on 8 H100s: the round's
-  conditional holds twelve all-reduces of its own."""
+  sharded model's gathers) holds the message back. With two, the round's conditional,
+  which holds all-reduces of its own, kept the message in flight behind nearly all of
+  the step's forward and backward GEMMs (BENCHMARKS.md, "The GPU program, compiled on
+  this CPU")."""
   matches = map(_INSTRUCTION.match, hlo_text.splitlines())
   opcodes = [match.group(2) for match in matches if match]
   return max(2, sum(opcode in _STARTS or opcode == "async-start" for opcode in opcodes))

@@ -71,9 +71,11 @@ class RoundOptions:
     "tolerance. An int ``overlap`` streams with ``fragments``: each fragment's message "
     "is frozen at its own sync and lands tau steps later, tau below the fewest steps "
     'between two fragments\' syncs (one fragment in flight at a time); ``"round"`` '
-    "takes ``fragments=1`` (it already streams the round, a chunk a step). On the "
-    "example LM a window of 1 or 2 steps costs a few percent of loss and a whole round "
-    "19-30% even with the outer optimizer tuned for it (``merge``).",
+    "takes ``fragments=1`` (it already streams the round, a chunk a step). A window of "
+    "a step or two lands a mean only a step or two old, and trains about as a blocking "
+    "sync does; a whole round in flight lands it a round late, and costs much more "
+    "loss, even with the outer optimizer tuned for it (``merge``; measured in `the "
+    "overlap guide <../guides/overlap.html#what-it-costs-in-quality>`__).",
     None,
   )
   merge: str | None = keywords.option(
@@ -83,11 +85,12 @@ class RoundOptions:
     'late; their Algorithm 2), or, as with an int ``overlap``, ``"rebase"`` (the '
     "synchronised parameters plus the worker's steps since its message was frozen; the "
     'default with an int ``overlap``) or ``"streaming"`` (Streaming DiLoCo: mixed with '
-    "``merge_alpha``). With a whole round in flight the outer optimizer matters: on the "
-    "example LM (8 workers, 64 rounds) LoRDO trains best eager with "
-    "``outer_optimizer=optax.sgd(0.7)`` (+30% over blocking, +45% at its default) and "
-    "DiLoCo with ``merge='rebase'`` at its own outer optimizer (+19%, eager +67%); the "
-    'overlap guide, "The outer optimizer for a round in flight".',
+    "``merge_alpha``). With a whole round in flight the outer optimizer matters: a mean "
+    "that lands a round late corrects less of each round than a blocking sync, so LoRDO "
+    "trains best eager with a smaller outer step (``outer_optimizer=optax.sgd(0.7)``) "
+    "and DiLoCo with ``merge='rebase'`` at its own outer optimizer, which extrapolates "
+    "the late mean (measured in `the overlap guide "
+    "<../guides/overlap.html#the-outer-optimizer-for-a-round-in-flight>`__).",
     None,
   )
   merge_alpha: float = keywords.option(

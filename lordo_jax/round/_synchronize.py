@@ -64,21 +64,18 @@ class SynchronizeState(NamedTuple):
   in_flight: overlap_lib.InFlight | tuple[()] = ()  # With overlap: the message in flight.
 
 
-def _check_options(name, sync_every, fragments, compression, fault_tolerant, moment_periods):
-  """The round's options, checked; returns ``fragments`` (``None`` is 1). A sync rule
-  whose first round never ends warns."""
-  first, second = moment_periods
-  checks.static_args(
-    name,
-    sync_every=sync_every,
-    fragments=fragments,
-    first_moment_every=first,
-    second_moment_every=second,
-  )
-  fragments = 1 if fragments is None else fragments
+def check_round(name: str, sync_every: periods.SyncPeriod, r: RoundOptions) -> None:
+  """The round's options, each checked once, in the name of the public factory ``name``
+  that was given them: ``sync_every`` (an int >= 1, or a rule, which warns when its first
+  round never ends), ``compression``, ``fragments`` (at most K, not with a rule),
+  ``fault_tolerant`` (not with streaming or compression), ``offload``, and ``overlap``,
+  ``merge`` and ``merge_alpha`` (:func:`lordo_jax.round._overlap.check`). That none is
+  an array was checked when the factory bound its keywords (:mod:`lordo_jax._keywords`)."""
   periods.warn_if_first_round_never_ends(sync_every, name)
   if not callable(sync_every):
     checks.positive_int(name, "sync_every", sync_every)
+  compression, fault_tolerant = r.compression, r.fault_tolerant
+  fragments = 1 if r.fragments is None else r.fragments
   if compression is not None:
     checks.one_of(name, "compression", compression, (None, *compression_lib.CODECS))
   if callable(fragments):
@@ -104,14 +101,8 @@ def _check_options(name, sync_every, fragments, compression, fault_tolerant, mom
       f"compression={compression!r}; use fragments=1 and compression=None to leave "
       "failed workers out of the averages."
     )
-  return fragments
-
-
-def _check_choices(name, projection_source, init_projection, offload):
-  """The options that pick among a few kinds."""
-  checks.one_of(name, "projection_source", projection_source, PROJECTION_SOURCES)
-  checks.one_of(name, "init_projection", init_projection, ("gradient", None))
-  checks.one_of(name, "offload", offload, (False, True))
+  checks.one_of(name, "offload", r.offload, (False, True))
+  overlap_lib.check(name, r, sync_every, fragments)
 
 
 @keywords.takes(BASIC_KEYWORDS, ROUND_KEYWORDS)
@@ -128,13 +119,13 @@ def synchronize(
   projection_source: str = "pseudo_gradient",
   moment_decays: tuple[float, float] | None = None,
   name: str = "synchronize",
-  compression: str | None = RoundOptions.compression,
-  fragments: int | Callable | None = RoundOptions.fragments,
-  fault_tolerant: bool = RoundOptions.fault_tolerant,
-  overlap: str | int | None = RoundOptions.overlap,
-  merge: str | None = RoundOptions.merge,
-  merge_alpha: float = RoundOptions.merge_alpha,
-  offload: bool = RoundOptions.offload,
+  compression: str | None = None,
+  fragments: int | Callable | None = None,
+  fault_tolerant: bool = False,
+  overlap: str | int | None = None,
+  merge: str | None = None,
+  merge_alpha: float = 0.0,
+  offload: bool = False,
 ) -> optax.GradientTransformationExtraArgs:
   r"""Local steps with ``inner``, a synchronisation at the end of every round.
 
@@ -240,35 +231,71 @@ def synchronize(
     et al., Streaming DiLoCo, 2025 (arXiv 2501.18512).
   """
   r = keywords.build(RoundOptions, locals())
-  compression, fault_tolerant = r.compression, r.fault_tolerant
-  moment_periods = (first_moment_every, second_moment_every)
-  fragments = _check_options(
-    name, sync_every, r.fragments, compression, fault_tolerant, moment_periods
+  check_round(name, sync_every, r)
+  checks.positive_int(name, "first_moment_every", first_moment_every, optional=True)
+  checks.positive_int(name, "second_moment_every", second_moment_every, optional=True)
+  checks.one_of(name, "projection_source", projection_source, PROJECTION_SOURCES)
+  checks.one_of(name, "init_projection", init_projection, ("gradient", None))
+  return synchronized(
+    inner,
+    sync_every=sync_every,
+    axis_name=axis_name,
+    outer_optimizer=outer_optimizer,
+    first_moment_every=first_moment_every,
+    second_moment_every=second_moment_every,
+    low_rank=low_rank,
+    init_projection=init_projection,
+    projection_source=projection_source,
+    moment_decays=moment_decays,
+    name=name,
+    options=r,
   )
-  _check_choices(name, projection_source, init_projection, r.offload)
-  merge = overlap_lib.check(name, r, sync_every, fragments, moment_periods, moment_decays)
+
+
+def synchronized(
+  inner: optax.GradientTransformation,
+  *,
+  sync_every: periods.SyncPeriod,
+  axis_name: str | None,
+  outer_optimizer: optax.GradientTransformation | None,
+  first_moment_every: int | None,
+  second_moment_every: int | None,
+  low_rank: low_rank_lib.LowRankAdam | None,
+  init_projection: str | None,
+  projection_source: str,
+  moment_decays: tuple[float, float] | None,
+  name: str,
+  options: RoundOptions,
+) -> optax.GradientTransformationExtraArgs:
+  """:func:`synchronize` of ``inner``, every argument already checked by the public
+  factory ``name`` (its round's ``options`` by :func:`check_round`), except the one
+  that joins the round's options to the method's: whether an overlap takes the moment
+  periods. The methods built on the round call this, so that each option is checked
+  once, at the public entry."""
+  moment_periods = (first_moment_every, second_moment_every)
+  overlap_lib.check_moment_periods(name, options.overlap, moment_periods, moment_decays)
   averaging = averaging_lib.choose(
-    axis_name, fault_tolerant=fault_tolerant, compression=compression
+    axis_name, fault_tolerant=options.fault_tolerant, compression=options.compression
   )
   parts = RoundParts(
     inner=optax.with_extra_args_support(inner),
     outer=outer_lib.outer_transform(outer_optimizer),
     sync_every=sync_every,
-    fragments=fragments,
+    fragments=1 if options.fragments is None else options.fragments,
     averaging=averaging,
     moment_groups=moment_averaging.moment_groups(first_moment_every, second_moment_every),
     refresh=basis_refresh.BasisRefresh(
       low_rank, init_projection, projection_source, averaging.gradient_mean
     ),
     axis_name=axis_name,
-    offload=bool(r.offload),
+    offload=bool(options.offload),
     name=name,
-    fault_tolerant=fault_tolerant,
-    overlap=r.overlap or None,
-    merge=merge,
-    merge_alpha=r.merge_alpha,
+    fault_tolerant=options.fault_tolerant,
+    overlap=options.overlap or None,
+    merge=overlap_lib.merge_of(options),
+    merge_alpha=options.merge_alpha,
     moment_decays=moment_decays or (0.9, 0.999),
-    compression=compression,
+    compression=options.compression,
   )
 
   init_fn = functools.partial(_init, parts)
@@ -412,7 +439,7 @@ def _sync_fragment(parts: RoundParts, f, fragment, state, *, grads, params, loca
   than taken as an operand: a conditional's operands are materialised buffers, so
   carrying the update through it made every local step write it out and read it back,
   and kept ``optax.apply_updates`` from fusing with the step (a third of a local step
-  on a 768 x 3072 matrix on CPU, ``benchmarks/step_speed.py``). Hence the inner optimizer
+  on a 768 x 3072 matrix on CPU, ``benchmarks/speed/step_speed.py``). Hence the inner optimizer
   must not communicate: a sync step runs it twice.
 
   Args:

@@ -1,4 +1,4 @@
-"""benchmarks/accelerator_model.py: FLOPs, ledger bytes, utilisation model, validation.
+"""benchmarks/communication/accelerator_model.py: FLOPs, ledger bytes, utilisation, validation.
 
 The FLOP formula against a hand count of every matmul of a tiny transformer; the
 counters-only ledger against real optimizer steps (bytes and all-reduce calls) and
@@ -26,11 +26,11 @@ import pytest
 import lordo_jax
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT))
 
-import accelerator_model as am  # noqa: E402
-import communication_table  # noqa: E402
-import run_all  # noqa: E402
+from benchmarks import run_all  # noqa: E402
+from benchmarks.communication import accelerator_model as am  # noqa: E402
+from benchmarks.communication import communication_table  # noqa: E402
 
 FLOAT32 = 4
 TINY = am.Config("tiny", n_layer=2, d_model=8, n_head=2, vocab=11, context=5)
@@ -353,7 +353,7 @@ def test_quick_report(tmp_path):
   done = subprocess.run(
     [
       sys.executable,
-      str(ROOT / "benchmarks" / "accelerator_model.py"),
+      str(ROOT / "benchmarks" / "communication" / "accelerator_model.py"),
       "--quick",
       "--out",
       str(tmp_path),

@@ -1,6 +1,6 @@
-"""benchmarks/device_speed.py in quick mode, in a subprocess, on two CPU devices.
+"""benchmarks/speed/device_speed.py in quick mode, in a subprocess, on two CPU devices.
 
-The script runs as a user runs it (``python benchmarks/device_speed.py --quick``, with
+The script runs as a user runs it (``python benchmarks/speed/device_speed.py --quick``, with
 ``--out`` a temporary folder), with two devices present (it uses the first). The checks
 read its JSON and markdown: every expected row is there (AdamW, GaLore, DDP, low-rank
 DDP and LoRDO with every one-sided projection, in both dtypes), every time is positive
@@ -24,10 +24,10 @@ import pytest
 from lordo_jax.methods import lordo as lordo_lib
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT))
 
-import device_speed  # noqa: E402
-import run_all  # noqa: E402
+from benchmarks import run_all  # noqa: E402
+from benchmarks.speed import device_speed  # noqa: E402
 
 FLOAT32, BFLOAT16 = 4, 2
 DTYPES = ("float32", "bfloat16")
@@ -48,7 +48,13 @@ def result(tmp_path_factory) -> tuple[dict, str]:
     JAX_NUM_CPU_DEVICES="2",
   )
   done = subprocess.run(
-    [sys.executable, str(ROOT / "benchmarks" / "device_speed.py"), "--quick", "--out", str(out)],
+    [
+      sys.executable,
+      str(ROOT / "benchmarks" / "speed" / "device_speed.py"),
+      "--quick",
+      "--out",
+      str(out),
+    ],
     capture_output=True,
     text=True,
     env=env,
@@ -199,7 +205,7 @@ def test_markdown_names_the_device_and_every_row(result):
   record, markdown = result
   device = record["device"]
   assert record["study"] == "device_speed_cpu" and record["quick"] is True and record["complete"]
-  assert record["command"].startswith("python benchmarks/device_speed.py --quick ")
+  assert record["command"].startswith("python benchmarks/speed/device_speed.py --quick ")
   assert f"`{record['command']}`" in markdown
   assert f"Device: **{device['kind']}** ({device['platform']};" in markdown
   assert f"jax {record['machine']['jax']}" in markdown and record["measured_on"] in markdown

@@ -1,4 +1,4 @@
-"""``benchmarks/elastic.py --quick``: every row trained once, its report from its runs.
+"""``benchmarks/elastic/elastic.py --quick``: every row trained once, its report from its runs.
 
 The tiny LM at 64 steps (8 rounds): uninterrupted on 8, 4 and 16 workers, killed after
 round 4 on 8 and resumed on 4 and on 16, and a quarter of the workers away for round 4.
@@ -25,7 +25,7 @@ ROWS = [
 @pytest.fixture(scope="module")
 def out(tmp_path_factory):
   out = tmp_path_factory.mktemp("elastic")
-  run(str(BENCHMARKS / "elastic.py"), "--quick", "--out", str(out), timeout=540)
+  run(str(BENCHMARKS / "elastic" / "elastic.py"), "--quick", "--out", str(out), timeout=540)
   return out
 
 
@@ -34,7 +34,7 @@ def test_every_row_trained_and_its_report_is_its_runs(out):
   rows = {r["row"]: r for r in report["rows"]}
   assert list(rows) == ROWS
   cached = {}
-  for path in (out / "elastic_runs").glob("*.json"):
+  for path in (out / "runs" / "elastic").glob("*.json"):
     record = json.loads(path.read_text())
     cached[record["row"]] = record["final_val_loss"]
   assert set(cached) == set(ROWS)
@@ -50,7 +50,14 @@ def test_every_row_trained_and_its_report_is_its_runs(out):
 def test_cached_trains_nothing(out):
   before = (out / "elastic.json").read_text()
   tic = time.perf_counter()
-  run(str(BENCHMARKS / "elastic.py"), "--quick", "--cached", "--out", str(out), timeout=120)
+  run(
+    str(BENCHMARKS / "elastic" / "elastic.py"),
+    "--quick",
+    "--cached",
+    "--out",
+    str(out),
+    timeout=120,
+  )
   assert time.perf_counter() - tic < 60
   after = json.loads((out / "elastic.json").read_text())
   assert after["rows"] == json.loads(before)["rows"]

@@ -1,4 +1,4 @@
-"""benchmarks/gpu_program.py: its reader of thunks and of an HLO module's bytes and flops,
+"""benchmarks/gpu/gpu_program.py: its reader of thunks and of an HLO module's bytes and flops,
 the model's fit, and its quick mode, which compiles the steps for 8 H100s on this CPU
 (JAX's deviceless AOT compile with the jax-cuda12 plugin of the test extra)."""
 
@@ -15,9 +15,9 @@ import pytest
 from tests.helpers import gpu_compile
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT))
 
-import gpu_program  # noqa: E402
+from benchmarks.gpu import gpu_program  # noqa: E402
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -124,7 +124,13 @@ def quick(tmp_path_factory):
   env["PYTHONPATH"] = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
   out = tmp_path_factory.mktemp("gpu_program")
   done = subprocess.run(
-    [sys.executable, str(ROOT / "benchmarks" / "gpu_program.py"), "--quick", "--out", str(out)],
+    [
+      sys.executable,
+      str(ROOT / "benchmarks" / "gpu" / "gpu_program.py"),
+      "--quick",
+      "--out",
+      str(out),
+    ],
     capture_output=True,
     text=True,
     env=env,

@@ -1,4 +1,4 @@
-"""benchmarks/overlap_schedule.py: its reader of a compiled schedule on hand-written GPU
+"""benchmarks/overlap/overlap_schedule.py: its reader of a compiled schedule on hand-written GPU
 HLO (async pairs around cuBLAS and Triton GEMMs, at the top level and nested), and its
 quick mode on 8 CPU devices, where the overlapped programs' collective sits at the top
 level of the step and the controls' only in the round's conditional."""
@@ -12,9 +12,9 @@ import sys
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT))
 
-import overlap_schedule as schedule  # noqa: E402
+from benchmarks.overlap import overlap_schedule as schedule  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -219,7 +219,7 @@ def test_quick_mode_on_cpu(tmp_path):
   ``overlap=1``'s send step have their chunk's all-reduce at the top level of the step,
   the blocking sync and the local step only in a conditional."""
   env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-  script = ROOT / "benchmarks" / "overlap_schedule.py"
+  script = ROOT / "benchmarks" / "overlap" / "overlap_schedule.py"
   done = subprocess.run(
     [sys.executable, str(script), "--quick", "--methods", "lordo", "--out", str(tmp_path)],
     capture_output=True,

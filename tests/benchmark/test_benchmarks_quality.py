@@ -232,7 +232,9 @@ def test_time_to_target_recomputes_from_the_json(out, quality, rows):
 
 
 def test_a_second_run_reads_every_run_from_the_cache(out):
-  stdout = run(str(BENCHMARKS / "quality.py"), "--quick", "--out", str(out), timeout=240)
+  stdout = run(
+    str(BENCHMARKS / "quality" / "quality.py"), "--quick", "--out", str(out), timeout=240
+  )
   assert " val " not in stdout  # lm_runs logs each run it trains.
   assert "quality.json" in stdout
 

@@ -13,16 +13,16 @@ import sys
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT))
 
-import fidelity  # noqa: E402
-import long_horizon  # noqa: E402
-import overlap_outer  # noqa: E402
-import overlap_quality  # noqa: E402
-import paper_protocol  # noqa: E402
-import quality  # noqa: E402
-from harness import lm_runs  # noqa: E402
-from harness import variants  # noqa: E402
+from benchmarks.harness import lm_runs  # noqa: E402
+from benchmarks.harness import variants  # noqa: E402
+from benchmarks.overlap import overlap_outer  # noqa: E402
+from benchmarks.overlap import overlap_quality  # noqa: E402
+from benchmarks.paper import fidelity  # noqa: E402
+from benchmarks.paper import long_horizon  # noqa: E402
+from benchmarks.paper import paper_protocol  # noqa: E402
+from benchmarks.quality import quality  # noqa: E402
 
 STUDY = quality.FULL
 

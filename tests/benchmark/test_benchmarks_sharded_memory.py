@@ -1,4 +1,4 @@
-"""benchmarks/sharded_memory.py on one GPT-2 small layer: per-device state read
+"""benchmarks/memory/sharded_memory.py on one GPT-2 small layer: per-device state read
 from the shards halves when the worker group doubles, and offload moves the anchor."""
 
 import math
@@ -8,10 +8,10 @@ import sys
 import jax
 import pytest
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "benchmarks"))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
-import communication_table as table  # noqa: E402
-import sharded_memory  # noqa: E402
+from benchmarks.communication import communication_table as table  # noqa: E402
+from benchmarks.memory import sharded_memory  # noqa: E402
 
 # Host-offloaded state: without the compilation cache (tests/conftest.py).
 pytestmark = [pytest.mark.timeout(300, method="thread"), pytest.mark.no_compilation_cache]

@@ -1,6 +1,6 @@
 """The step-speed, step-overhead and memory studies, in quick mode, in a subprocess.
 
-Each script runs as a user runs it (``python benchmarks/<name>.py --quick``, with
+Each script runs as a user runs it (``python benchmarks/<topic>/<name>.py --quick``, with
 ``--out`` a temporary folder so the committed results stay as they are). The checks
 read its JSON and markdown: every time and size is positive, every ratio and every
 amortised time is what the JSON's own medians give, every goal flag agrees with its
@@ -24,9 +24,9 @@ pytestmark = pytest.mark.timeout(900)
 
 
 def quick_run(name: str, out: pathlib.Path) -> dict:
-  """Runs ``benchmarks/<name>.py --quick --out out``; returns its JSON, checks its markdown."""
+  """Runs ``benchmarks/<topic>/<name>.py --quick --out out``: its JSON; checks its markdown."""
   env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-  script = ROOT / "benchmarks" / f"{name}.py"
+  (script,) = (ROOT / "benchmarks").glob(f"*/{name}.py")
   done = subprocess.run(
     [sys.executable, str(script), "--quick", "--out", str(out)],
     capture_output=True,
@@ -39,7 +39,7 @@ def quick_run(name: str, out: pathlib.Path) -> dict:
   record = json.loads((out / f"{name}.json").read_text())
   markdown = (out / f"{name}.md").read_text()
   assert record["study"] == name and record["quick"] is True
-  assert f"python benchmarks/{name}.py --quick --out " in record["command"]
+  assert f"python {script.relative_to(ROOT)} --quick --out " in record["command"]
   assert f"`{record['command']}`" in markdown and record["machine"]["cpu"] in markdown
   assert record["machine"]["cores"] >= 1 and record["machine"]["jax"] in markdown
   assert record["date"][:10] in markdown

@@ -1,4 +1,4 @@
-"""benchmarks/step_profile.py in quick mode, in a subprocess: every candidate profiled,
+"""benchmarks/speed/step_profile.py in quick mode, in a subprocess: every candidate profiled,
 its kernels counted from the profiler's trace and named from the compiled HLO, and
 LoRDO's local step compiled with ``round_phase`` running fewer kernels than the one
 program, with no conditional and no copy in its HLO, and, batched by shape (an
@@ -13,9 +13,9 @@ import sys
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT))
 
-import step_profile  # noqa: E402
+from benchmarks.speed import step_profile  # noqa: E402
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -25,7 +25,13 @@ def result(tmp_path_factory):
   out = tmp_path_factory.mktemp("step_profile")
   env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
   done = subprocess.run(
-    [sys.executable, str(ROOT / "benchmarks" / "step_profile.py"), "--quick", "--out", str(out)]
+    [
+      sys.executable,
+      str(ROOT / "benchmarks" / "speed" / "step_profile.py"),
+      "--quick",
+      "--out",
+      str(out),
+    ]
     + ["--sections", "optimizer,lm"],
     capture_output=True,
     text=True,

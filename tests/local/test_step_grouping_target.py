@@ -9,7 +9,7 @@ this CPU host is batched. Read here from the programs themselves, for LoRDO's lo
 products, two per matrix stepped alone (project and unproject), two in all batched.
 StableHLO lowered for ``cuda`` and for ``cpu`` from one trace, the CPU's compiled
 program, and a real GPU compile: XLA's GPU compiler for an H100
-(``benchmarks/targets/h100.txtpb``), run deviceless on this host through JAX's CUDA
+(``benchmarks/gpu/targets/h100.txtpb``), run deviceless on this host through JAX's CUDA
 plugin (``jax.experimental.topologies``).
 """
 
@@ -26,7 +26,7 @@ import lordo_jax
 from tests.helpers import gpu_compile
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-TARGET = ROOT / "benchmarks" / "targets" / "h100.txtpb"
+TARGET = ROOT / "benchmarks" / "gpu" / "targets" / "h100.txtpb"
 MATRICES = 4
 PER_MATRIX, BATCHED = 2 * MATRICES, 2  # The local step's products each way.
 

@@ -1,13 +1,16 @@
-"""Every public factory refuses a typo in any string option and an out-of-range number.
+"""Every public factory refuses a typo in any string option and an out-of-range number,
+and declares each default as its option and the API pages do.
 
 The options are found from the signatures, so a new option is covered the day it is
 added: a string default (or ``compression``) gets a typo, a number with a range gets
 a value outside it. Each error must name the option.
 """
 
+import ast
 import dataclasses
 import inspect
 import pathlib
+import re
 
 import jedi
 import optax
@@ -15,6 +18,11 @@ import pytest
 
 import lordo_jax
 from lordo_jax import _keywords as keywords
+from lordo_jax.local import _low_rank_options as low_rank_options
+from lordo_jax.local import bases
+from lordo_jax.methods import data_parallel
+from lordo_jax.methods import options as options_lib
+from lordo_jax.round import _round_options as round_options
 
 # The arguments each public factory needs; every factory of the API is here.
 REQUIRED = {
@@ -31,8 +39,8 @@ REQUIRED = {
   "synchronize": dict(inner=optax.adam(1e-2), sync_every=2),
   "in_float32": dict(inner=optax.adam(1e-2)),  # no option of its own
 }
-# None for a method's own choice (LoRDO's projection: one-sided or two-sided).
-STRING_OPTIONS_WITHOUT_A_STRING_DEFAULT = ("compression", "init_projection", "projection")
+# String options whose default is None.
+STRING_OPTIONS_WITHOUT_A_STRING_DEFAULT = ("compression", "init_projection")
 NOT_AN_OPTION = ("name",)  # synchronize's name for its errors: any string.
 OUT_OF_RANGE = {
   "omega": 1.5,
@@ -125,22 +133,73 @@ def test_an_unknown_keyword_is_a_type_error_naming_the_closest():
     lordo_jax.ddp(1e-2, "axis")
 
 
-@pytest.mark.parametrize(
-  "factory", ["lordo", "lordo_local_projection", "low_rank_ddp", "scale_by_low_rank_adam"]
+# Every option group: a dataclass whose fields are keyword options (lordo_jax._keywords).
+GROUPS = (
+  options_lib.Schedule,
+  options_lib.LocalOptions,
+  low_rank_options.LowRankOptions,
+  round_options.RoundBasics,
+  round_options.RoundOptions,
 )
-def test_the_low_rank_step_takes_the_same_keywords_with_the_same_text(factory):
-  """One list of the step's options: every low-rank factory has them all, the same."""
-  step = inspect.signature(lordo_jax.scale_by_low_rank_adam).parameters
-  own = inspect.signature(getattr(lordo_jax, factory)).parameters
-  shared = [k.name for k in lordo_jax.local._low_rank_options.STEP_KEYWORDS]
-  assert set(shared) <= set(own) and set(shared) <= set(step)
-  overridden = {
-    "lordo": {"omega", "projection"},
-    "lordo_local_projection": {"omega", "projection"},
-    "low_rank_ddp": {"transport"},
-  }.get(factory, set())
-  for name in set(shared) - overridden - {"rank"}:
-    assert own[name].default == step[name].default, name
+OPTIONS = {k.name: k for group in GROUPS for k in keywords.of(group)}
+# What a None default of a static integer means (None so that optax.inject_hyperparams
+# leaves it alone), where the docstrings say "``None``: N".
+MEANING_OF_NONE = {
+  name: bases.Options._field_defaults[name]
+  for name in ("subspace_iterations", "oversample", "power_iterations")
+} | {"refresh_every": data_parallel.DEFAULT_REFRESH_EVERY}
+API_PAGES = sorted((pathlib.Path(lordo_jax.__file__).parents[1] / "docs" / "api").glob("*.md"))
+# A signature an API page writes as a cross-reference: {func}`name(args) <lordo_jax.name>`.
+SIGNATURE = re.compile(r"\{func\}`(\w+)\(([^()`]*)\) <lordo_jax\.\1>`")
+
+
+def _documented_defaults() -> list[tuple[str, str, object]]:
+  """``(factory, keyword, default)`` for every ``keyword=literal`` of a signature on the
+  API pages (``rank=r`` in an example call is no literal, and no default)."""
+  found = []
+  for page in API_PAGES:
+    for factory, arguments in SIGNATURE.findall(page.read_text(encoding="utf-8")):
+      for argument in arguments.split(", "):
+        keyword, _, value = argument.partition("=")
+        try:
+          found.append((factory, keyword, ast.literal_eval(value)))
+        except (ValueError, SyntaxError):  # No default, or not a literal.
+          continue
+  return found
+
+
+def test_each_default_is_the_same_in_the_def_its_option_and_the_api_pages():
+  """One default per keyword: the public ``def``'s literal is its option's (the field's,
+  or the factory's own the field records), the API pages' signatures write it, and a
+  static integer's ``None`` means, in its Args text, what the code takes for it."""
+  disagreements = []
+  for factory in sorted(REQUIRED):
+    function = getattr(lordo_jax, factory)
+    parameters = inspect.signature(function).parameters
+    doc = inspect.getdoc(function)
+    takes_options = hasattr(function, "__wrapped__")  # Declared by keywords.takes.
+    for name, parameter in parameters.items():
+      option = OPTIONS.get(name) if takes_options else None
+      if option is not None and parameter.default != option.default_of(factory):
+        disagreements.append(
+          f"{factory}({name}={parameter.default!r}): its option says {option.default_of(factory)!r}"
+        )
+      said = re.search(rf"\n  {name}: [^\n]*(?:\n   [^\n]*)*", doc)
+      none_means = said and re.search(r"``None``: (\d+)\b", said[0])
+      if parameter.default is None and none_means and name in MEANING_OF_NONE:
+        if int(none_means[1]) != MEANING_OF_NONE[name]:
+          disagreements.append(f"{factory}: its Args say {name}=None is {none_means[1]}")
+  for option in OPTIONS.values():  # A factory's own default is of a factory that takes it.
+    for factory in option.defaults:
+      if option.name not in inspect.signature(getattr(lordo_jax, factory)).parameters:
+        disagreements.append(f"{option.name}: a default for {factory}, which lacks it")
+  documented = _documented_defaults()
+  assert {"lordo", "diloco", "desloc"} <= {factory for factory, _, _ in documented}
+  for factory, name, default in documented:
+    declared = inspect.signature(getattr(lordo_jax, factory)).parameters[name].default
+    if declared != default or type(declared) is not type(default):
+      disagreements.append(f"API pages: {factory}({name}={default!r}), its def {declared!r}")
+  assert not disagreements, "\n".join(disagreements)
 
 
 @pytest.fixture(scope="module")
@@ -170,9 +229,9 @@ def _group(**fields):
   return keywords.of(config)
 
 
-def test_a_def_that_misses_or_changes_an_option_fails_when_it_is_defined():
+def test_a_def_that_misses_an_option_fails_when_it_is_defined():
   """Adding an option to a group fails the import of every factory that does not
-  declare it, and a default written anew must match the group's (or be an override)."""
+  declare it."""
   group = _group(b1=(float, 0.9), side=(str, "auto"))
 
   with pytest.raises(TypeError, match="keyword 'side' of its options is not in its def"):
@@ -181,18 +240,12 @@ def test_a_def_that_misses_or_changes_an_option_fails_when_it_is_defined():
     def missing(*, b1: float = 0.9):
       """{options}"""
 
-  with pytest.raises(TypeError, match=r"b1: <class 'float'> = 0.5 in its def.*= 0.9"):
-
-    @keywords.takes(group)
-    def changed(*, b1: float = 0.5, side: str = "auto"):
-      """{options}"""
-
-  @keywords.takes(group, overrides=("b1",))
-  def overridden(*, b1: float = 0.5, side: str = "auto"):
+  @keywords.takes(group)
+  def declared(*, b1: float = 0.5, side: str = "auto"):
     """Args:
     {options}
     """
     return b1, side
 
-  assert overridden() == (0.5, "auto")
-  assert "b1: the option b1." in overridden.__doc__
+  assert declared() == (0.5, "auto")
+  assert "b1: the option b1." in declared.__doc__

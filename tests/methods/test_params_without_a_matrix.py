@@ -58,7 +58,7 @@ CASES = {
   "lordo_global_projection_only": (
     lambda: lordo_jax.lordo_global_projection_only(3e-2, rank=1, sync_every=2, axis_name=AXIS),
     lambda: lordo_jax.local_adam(3e-2, sync_every=2, axis_name=AXIS),
-    "lordo",  # It is lordo with omega = 1, and speaks in lordo's name.
+    "lordo_global_projection_only",  # lordo with omega = 1, in its own name.
     "lordo_jax.local_adam",
   ),
   "lordo_local_projection": (

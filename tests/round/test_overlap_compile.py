@@ -1,6 +1,6 @@
 """``lordo_jax.compile_overlapped``: the message in flight under every GEMM of a GPU step.
 
-The example LM's step (``benchmarks/overlap_schedule.py``'s ``lm_step``, the ``tiny``
+The example LM's step (``benchmarks/overlap/overlap_schedule.py``'s ``lm_step``, the ``tiny``
 preset) compiled on this CPU for 8 H100s (JAX's deviceless compile, the jax-cuda12
 plugin of the test extra), for LoRDO and DiLoCo with ``overlap="round"`` and
 ``overlap=1``'s ``"send"`` steps, and on 4 workers x FSDP 2: compiled plainly,
@@ -45,16 +45,16 @@ PROGRAMS = {
 CHILD = textwrap.dedent(
   """
   import json, sys
-  sys.path[:0] = [sys.argv[1], sys.argv[1] + "/benchmarks", sys.argv[1] + "/examples"]
+  sys.path[:0] = [sys.argv[1], sys.argv[1] + "/examples"]
   import jax
   from jax.experimental import topologies
   from jax.sharding import AxisType, Mesh
   import lordo_jax
-  import overlap_schedule
+  from benchmarks.overlap import overlap_schedule
   from lm import model
   from lordo_jax.round import _overlap_compile
 
-  config = open(sys.argv[1] + "/benchmarks/targets/h100.txtpb").read()
+  config = open(sys.argv[1] + "/benchmarks/gpu/targets/h100.txtpb").read()
   topology = topologies.get_topology_desc(
     platform="cuda", target_config=config, topology="1x1x8"
   )

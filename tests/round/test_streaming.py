@@ -186,9 +186,9 @@ def test_pmap_streams_like_shard_map():
 LM_RUN = """
 import os, sys, pathlib, tempfile
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-sys.path.insert(0, "benchmarks")
-import quality
-from harness import lm_runs, variants
+sys.path.insert(0, ".")
+from benchmarks.quality import quality
+from benchmarks.harness import lm_runs, variants
 lm_runs.simulate_devices()
 v = variants.Variant("int8_stream4", "lordo", (("compression", "int8"), ("fragments", 4)))
 spec = quality.QUICK.spec(v, 1e-2, 0)

@@ -7,10 +7,10 @@ communicates: a refresh of the workers' mean takes the averaging as an argument.
 """
 
 from lordo_jax.local.bases import dct
-from lordo_jax.local.bases import one_sided_randomized_svd
 from lordo_jax.local.bases import randomized_svd
 from lordo_jax.local.bases import subspace_iteration
 from lordo_jax.local.bases import svd
+from lordo_jax.local.bases import two_sided_randomized_svd
 from lordo_jax.local.bases import two_sided_svd
 from lordo_jax.local.bases.strategy import BasisStrategy
 from lordo_jax.local.bases.strategy import Method
@@ -20,9 +20,9 @@ ONE_SIDED = {
   "svd": svd.method,
   "subspace_iteration": subspace_iteration.method,
   "dct": dct.method,
-  "randomized_svd": one_sided_randomized_svd.method,
+  "randomized_svd": randomized_svd.method,
 }
-TWO_SIDED = {"svd": two_sided_svd.method, "randomized_svd": randomized_svd.method}
+TWO_SIDED = {"svd": two_sided_svd.method, "randomized_svd": two_sided_randomized_svd.method}
 
 
 def method(projection: str, *, two_sided: bool, options: Options) -> Method:
@@ -39,14 +39,14 @@ def method(projection: str, *, two_sided: bool, options: Options) -> Method:
   * ``subspace_iteration`` (:mod:`lordo_jax.local.bases.subspace_iteration`):
     warm-started from the previous basis, an SVD first;
   * ``dct`` (:mod:`lordo_jax.local.bases.dct`): the r best-scoring DCT-II frequencies;
-  * ``randomized_svd`` (:mod:`lordo_jax.local.bases.one_sided_randomized_svd`): from a
+  * ``randomized_svd`` (:mod:`lordo_jax.local.bases.randomized_svd`): from a
     Gaussian sketch, which workers average instead of their matrices.
 
   Two-sided (U and V, an ``r x r`` core, :mod:`lordo_jax.local.bases.two_sided`):
 
   * ``svd`` (:mod:`lordo_jax.local.bases.two_sided_svd`): the top-r singular vectors;
-  * ``randomized_svd`` (:mod:`lordo_jax.local.bases.randomized_svd`): from Gaussian
-    sketches, which workers average instead of their matrices.
+  * ``randomized_svd`` (:mod:`lordo_jax.local.bases.two_sided_randomized_svd`): from
+    Gaussian sketches, which workers average instead of their matrices.
 
   Nothing here communicates: a refresh of the workers' mean takes the averaging as an
   argument.

@@ -67,7 +67,7 @@ def strategy(
     \text{right: } c = A Q \ (p \times r),\ A \approx c Q^\top
 
   so every product is a plain row-major matrix product of the leaf's own matrix (no
-  transpose of it, which ran 2x slower on XLA's CPU matmul). A change of basis
+  transpose of it, which XLA's CPU matmul runs slower). A change of basis
   :math:`R = Q_\text{new}^\top Q_\text{old}` acts on coordinates as ``R c`` on the
   left and ``c R^T`` on the right.
 

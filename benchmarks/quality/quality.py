@@ -1,7 +1,7 @@
 r"""Quality against communication on the example LM, and the paper's four claims.
 
-    python benchmarks/quality.py          # the full study: small preset, 1 to 3 h on 2 cores
-    python benchmarks/quality.py --quick  # tiny preset, 48 steps, 1 seed: about 2 min
+    python benchmarks/quality/quality.py          # the full study: small preset, 1-3 h on 2 cores
+    python benchmarks/quality/quality.py --quick  # tiny preset, 48 steps, 1 seed: about 2 min
 
 Every variant of :data:`variants.QUALITY` trains the same model from the same
 initialisation on the same data (8 simulated workers, the same steps and batch, so
@@ -12,7 +12,7 @@ local-projection ablation at every rank x per-worker batch of the sweep, at thei
 best rates and every seed. :mod:`quality_summary` turns the runs into the tables and
 claim checks, :mod:`quality_report` into ``quality.json``, ``quality.md`` and plots.
 
-Each run is cached as one JSON file under ``--cache`` (default ``<out>/runs``), so a
+Each run is cached as one JSON file under ``--cache`` (default ``<out>/runs/lm``), so a
 re-run, or a run after an interruption, trains only what is missing; ``--fresh``
 retrains everything. ``--quick`` writes to ``runs/benchmarks_quick`` (ignored by
 git), never over the committed full results.
@@ -28,10 +28,14 @@ import argparse  # noqa: E402
 import dataclasses  # noqa: E402
 import math  # noqa: E402
 import pathlib  # noqa: E402
+import sys  # noqa: E402
 import time  # noqa: E402
 
-from harness import lm_runs  # noqa: E402
-from harness import variants  # noqa: E402
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # benchmarks.*
+
+from benchmarks.harness import lm_runs  # noqa: E402
+from benchmarks.harness import studies  # noqa: E402
+from benchmarks.harness import variants  # noqa: E402
 
 RESULTS = lm_runs.ROOT / "benchmarks" / "results"
 QUICK_RESULTS = lm_runs.ROOT / "runs" / "benchmarks_quick"
@@ -149,21 +153,21 @@ def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--quick", action="store_true", help="tiny preset, 48 steps, 1 seed")
   parser.add_argument("--out", type=pathlib.Path, default=None, help="where results go")
-  parser.add_argument("--cache", type=pathlib.Path, default=None, help="default: <out>/runs")
+  parser.add_argument("--cache", type=pathlib.Path, default=None, help="default: <out>/runs/lm")
   parser.add_argument("--fresh", action="store_true", help="retrain runs already cached")
   args = parser.parse_args(argv)
   study = QUICK if args.quick else FULL
   out = args.out or (QUICK_RESULTS if args.quick else RESULTS)
-  cache = args.cache or out / "runs"
+  cache = args.cache or studies.runs(out, "lm")
   lm_runs.simulate_devices()
 
-  from harness import quality_report
-  from harness import quality_summary
+  from benchmarks.harness import quality_report
+  from benchmarks.harness import quality_summary
 
   start = time.perf_counter()
   runs = run_study(study, cache, fresh=args.fresh)
   summary = quality_summary.summarize(study, runs)
-  summary["command"] = "python benchmarks/quality.py" + (" --quick" if args.quick else "")
+  summary["command"] = "python benchmarks/quality/quality.py" + (" --quick" if args.quick else "")
   summary["study_wall_time_s"] = time.perf_counter() - start
   written = quality_report.write(summary, out)
   print("\n".join(["wrote", *map(str, written)]))

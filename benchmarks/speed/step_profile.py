@@ -1,7 +1,7 @@
 r"""Where a local step's time goes: each kernel of AdamW's, DDP's and LoRDO's step, profiled.
 
-    python benchmarks/step_profile.py --quick          # tiny shapes on this machine
-    PYTHONPATH=. python benchmarks/step_profile.py --sections optimizer,lm --out DIR  # a GPU
+    python benchmarks/speed/step_profile.py --quick          # tiny shapes on this machine
+    PYTHONPATH=. python benchmarks/speed/step_profile.py --sections optimizer,lm --out DIR  # a GPU
 
 ``device_speed.py`` times whole steps; this study says what is inside them. For each
 candidate of ``device_speed.py``'s sections (the optimizer step alone on GPT-2 small's
@@ -37,16 +37,20 @@ import contextlib  # noqa: E402
 import datetime  # noqa: E402
 import glob  # noqa: E402
 import json  # noqa: E402
+import pathlib  # noqa: E402
 import re  # noqa: E402
+import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 
-import device_speed as speed  # noqa: E402
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # benchmarks.*
+
 import jax  # noqa: E402
 import optax  # noqa: E402
-from harness import studies  # noqa: E402
 
 import lordo_jax  # noqa: E402
+from benchmarks.harness import studies  # noqa: E402
+from benchmarks.speed import device_speed as speed  # noqa: E402
 from lordo_jax.local import _shape_groups as shape_groups  # noqa: E402
 
 SECTIONS = ("optimizer", "lm")

@@ -1,8 +1,8 @@
 r"""The outer optimizer for a whole round in flight: a sweep of its rate and momentum.
 
-    python benchmarks/overlap_outer.py           # the sweep, 1,024 steps: CPU-hours
-    python benchmarks/overlap_outer.py --cached  # report what is cached, train nothing
-    python benchmarks/overlap_outer.py --quick   # tiny preset, 96 steps: a few minutes
+    python benchmarks/overlap/overlap_outer.py           # the sweep, 1,024 steps: CPU-hours
+    python benchmarks/overlap/overlap_outer.py --cached  # report what is cached, train nothing
+    python benchmarks/overlap/overlap_outer.py --quick   # tiny preset, 96 steps: a few minutes
 
 ``overlap="round"`` (MATH.md §9) lands each round's mean one round late. The overlap
 study (:mod:`overlap_quality`) kept each method's outer optimizer, which a blocking
@@ -39,15 +39,19 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # Before NumPy loads: see qu
 
 import dataclasses  # noqa: E402
 import math  # noqa: E402
+import pathlib  # noqa: E402
 import statistics  # noqa: E402
+import sys  # noqa: E402
 import time  # noqa: E402
 
-import long_horizon  # noqa: E402
-import overlap_quality  # noqa: E402
-import quality  # noqa: E402
-from harness import lm_runs  # noqa: E402
-from harness import studies  # noqa: E402
-from harness import variants  # noqa: E402
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # benchmarks.*
+
+from benchmarks.harness import lm_runs  # noqa: E402
+from benchmarks.harness import studies  # noqa: E402
+from benchmarks.harness import variants  # noqa: E402
+from benchmarks.overlap import overlap_quality  # noqa: E402
+from benchmarks.paper import long_horizon  # noqa: E402
+from benchmarks.quality import quality  # noqa: E402
 
 NAME = "overlap_outer"
 STEPS = overlap_quality.STEPS
@@ -153,7 +157,7 @@ def main(argv=None) -> int:
     else overlap_quality.tuned_rates(args.out, steps)
   )
   args.flags = ["--cached"] if args.cached else []
-  cache = args.out / "runs"
+  cache = studies.runs(args.out, "lm")
   stored = long_horizon.Runs(cache, train=False)
 
   def loss(row: Row, seed: int) -> float | None:

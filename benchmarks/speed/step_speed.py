@@ -1,7 +1,7 @@
 r"""Speed of one optimizer step on CPU: LoRDO against AdamW, GaLore and its own floor.
 
-    python benchmarks/step_speed.py           # 768 x 768 and 768 x 3072, r = 64 and 128
-    python benchmarks/step_speed.py --quick   # 768 x 768, r = 64, 3 rounds: under a minute
+    python benchmarks/speed/step_speed.py           # 768 x 768 and 768 x 3072, r = 64 and 128
+    python benchmarks/speed/step_speed.py --quick   # 768 x 768, r = 64, 3 rounds: under a minute
 
 What is timed, for each GPT-2 small layer shape (768 x 768, the attention output
 projection, projected on the left; 768 x 3072, the MLP's first matrix, projected on
@@ -55,7 +55,7 @@ that branch does not run: a "LoRDO local" well above "low-rank step alone" (svd 
 whose sync branch holds the SVD's and the round's full-size arrays). Without it:
 
     MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=4294967296 \
-      python benchmarks/step_speed.py --out DIR
+      python benchmarks/speed/step_speed.py --out DIR
 
 (the command and the setting are recorded with the results).
 """
@@ -64,16 +64,20 @@ import os
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # Before NumPy loads; see above.
 
+import pathlib  # noqa: E402
+import sys  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # benchmarks.*
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import optax  # noqa: E402
-from harness import studies  # noqa: E402
-from harness.studies import Timed  # noqa: E402
 
 import lordo_jax  # noqa: E402
+from benchmarks.harness import studies  # noqa: E402
+from benchmarks.harness.studies import Timed  # noqa: E402
 
 SHAPES = ((768, 768), (768, 3072))
 RANKS = (64, 128)

@@ -1,8 +1,8 @@
 r"""LoRDO's speed on the device JAX runs on: the optimizer step alone and the LM's whole step.
 
-    python benchmarks/device_speed.py           # GPT-2 small's shapes; the LM at --lm
-    python benchmarks/device_speed.py --quick   # tiny shapes, the LM's tiny preset: 1-2 minutes
-    PYTHONPATH=. python benchmarks/device_speed.py --sections optimizer,lm \
+    python benchmarks/speed/device_speed.py           # GPT-2 small's shapes; the LM at --lm
+    python benchmarks/speed/device_speed.py --quick   # tiny shapes, the LM's tiny preset: 1-2 min
+    PYTHONPATH=. python benchmarks/speed/device_speed.py --sections optimizer,lm \
       --dtypes float32,bfloat16 --out DIR       # on a GPU (jax, optax and flax suffice)
 
 It writes ``<out>/device_speed_<backend>.json`` and ``.md`` (``device_speed_cpu``,
@@ -73,16 +73,18 @@ import sys  # noqa: E402
 import time  # noqa: E402
 import types  # noqa: E402
 
-import communication_table as table  # noqa: E402
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # benchmarks.*
+
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import optax  # noqa: E402
-from harness import studies  # noqa: E402
-from harness.studies import Timed  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import lordo_jax  # noqa: E402
+from benchmarks.communication import communication_table as table  # noqa: E402
+from benchmarks.harness import studies  # noqa: E402
+from benchmarks.harness.studies import Timed  # noqa: E402
 from lordo_jax.local import bases  # noqa: E402
 from lordo_jax.methods import lordo as lordo_lib  # noqa: E402
 
@@ -97,7 +99,7 @@ def _without_progress_bars() -> None:
 
 
 _without_progress_bars()
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "examples"))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "examples"))
 
 from lm import data  # noqa: E402
 from lm import model  # noqa: E402

@@ -1,7 +1,7 @@
 r"""The paper's protocol as a whole on the LM, next to ours (docs/FIDELITY.md).
 
-    python benchmarks/paper_protocol.py          # small preset, 768 steps, 3 seeds: ~1 h
-    python benchmarks/paper_protocol.py --quick  # tiny, 96 steps, 1 seed, paper and ours: ~1.5 min
+    python benchmarks/paper/paper_protocol.py          # small preset, 768 steps, 3 seeds: ~1 h
+    python benchmarks/paper/paper_protocol.py --quick  # tiny, 96 steps, 1 seed, two arms: ~1.5 min
 
 Each arm is one ``examples/main.py`` command training LoRDO and low-rank DDP on the
 ``small`` preset for 768 steps (48 rounds of K = 16; 8 workers, batch 8, r = 32):
@@ -22,7 +22,7 @@ Each arm is one ``examples/main.py`` command training LoRDO and low-rank DDP on 
 Every arm uses the peak rate the quality study tuned for low-rank DDP (0.0125), as the
 authors used one peak for both. The number compared is LoRDO's final validation loss
 against the baseline's of the same arm and seed. Each arm's ``results.json`` is kept as
-``<out>/paper_protocol/<arm>_s<seed>.json``; an arm already there is not rerun. Quick mode
+``<out>/runs/paper_protocol/<arm>_s<seed>.json``; an arm already there is not rerun. Quick mode
 trains the ``paper`` and ``ours`` arms only.
 """
 
@@ -34,9 +34,11 @@ import subprocess
 import sys
 import time
 
-from harness import studies
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # benchmarks.*
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+from benchmarks.harness import studies
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 NAME = "paper_protocol"
 LEARNING_RATE = 0.0125
 WARM_START = [  # The shared phase, as FIDELITY.md's recipe.
@@ -159,7 +161,8 @@ def main(argv=None) -> int:
   start = time.perf_counter()
   seeds = (0,) if args.quick else (0, 1, 2)
   # The arms' checkpoints and plots: beside a quick run's results, else in runs/ (ignored).
-  kept, work = args.out / NAME, (args.out / "runs" if args.quick else ROOT / "runs") / NAME
+  kept = studies.runs(args.out, NAME)
+  work = (args.out / "checkpoints" if args.quick else ROOT / "runs") / NAME
   arms = ("paper", "ours") if args.quick else ARMS
   results = {arm: [run_arm(arm, seed, args.quick, kept, work) for seed in seeds] for arm in arms}
   rows = summarize(results)

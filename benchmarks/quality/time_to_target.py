@@ -1,7 +1,7 @@
 r"""Simulated wall-clock time to a target validation loss, at 1, 10 and 100 Gbit/s.
 
-    python benchmarks/time_to_target.py            # from benchmarks/results (the full study)
-    python benchmarks/time_to_target.py --quick    # from runs/benchmarks_quick
+    python benchmarks/quality/time_to_target.py          # from benchmarks/results (the full study)
+    python benchmarks/quality/time_to_target.py --quick  # from runs/benchmarks_quick
 
 Nothing is trained: the inputs are the quality study's runs at each method's best
 learning rate (``quality.json`` and the cached run files it names), all seeds.
@@ -48,7 +48,7 @@ import statistics
 BANDWIDTHS_GBIT = (1, 10, 100)
 ALPHA_S = 50e-6
 RING = 16  # Bits per byte (8) x the ring's 2 messages of B (M - 1) / M.
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 QUICK_RESULTS = ROOT / "runs" / "benchmarks_quick"
 JSON_NAME = "time_to_target.json"
@@ -283,15 +283,15 @@ def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--quick", action="store_true", help="read the quick study's results")
   parser.add_argument("--out", type=pathlib.Path, default=None, help="the quality study's out")
-  parser.add_argument("--cache", type=pathlib.Path, default=None, help="default: <out>/runs")
+  parser.add_argument("--cache", type=pathlib.Path, default=None, help="default: <out>/runs/lm")
   parser.add_argument(
     "--target", type=float, action="append", help="a target validation loss (repeatable)"
   )
   args = parser.parse_args(argv)
   out = args.out or (QUICK_RESULTS if args.quick else RESULTS)
   quality = json.loads((out / "quality.json").read_text())
-  result = analyse(quality, args.cache or out / "runs", args.target)
-  command = "python benchmarks/time_to_target.py" + (" --quick" if args.quick else "")
+  result = analyse(quality, args.cache or out / "runs" / "lm", args.target)
+  command = "python benchmarks/quality/time_to_target.py" + (" --quick" if args.quick else "")
   (out / JSON_NAME).write_text(json.dumps(result, indent=1))
   (out / MD_NAME).write_text(markdown(result, command))
   plot(result, out / PLOT)

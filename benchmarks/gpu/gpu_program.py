@@ -1,14 +1,14 @@
 r"""The GPU program of each benchmark step, compiled for H100s or H200s on any machine.
 
-    python benchmarks/gpu_program.py          # GPT-2 small's optimizer step, the LM on 8 GPUs
-    python benchmarks/gpu_program.py --quick  # tiny shapes, the LM's tiny preset: about a minute
-    python benchmarks/gpu_program.py --target h200 --lm small --sections lm
+    python benchmarks/gpu/gpu_program.py          # GPT-2 small's optimizer step, the LM on 8 GPUs
+    python benchmarks/gpu/gpu_program.py --quick  # tiny shapes, the LM's tiny preset: ~1 minute
+    python benchmarks/gpu/gpu_program.py --target h200 --lm small --sections lm
 
 How: JAX's deviceless ahead-of-time compilation. With the ``jax-cuda12-plugin`` and
 ``jax-cuda12-pjrt`` wheels of the installed jax (the test extra's ``jax[cuda12-local]``:
 no driver, no ``nvidia-*`` wheels) and ``JAX_PLATFORMS=cpu`` (without it the plugin's CUDA
 check fails before it registers; this script sets it), ``jax.experimental.topologies``
-describes N GPUs from a target description (``benchmarks/targets/<target>.txtpb``, a
+describes N GPUs from a target description (``benchmarks/gpu/targets/<target>.txtpb``, a
 ``GpuTargetConfigProto``), and each step is lowered on abstract inputs sharded over a
 mesh of them and compiled by XLA's GPU compiler, as it would be on the card. Nothing
 runs and nothing is allocated. GEMMs get XLA's default tiles (no autotuning without a
@@ -75,21 +75,23 @@ import shutil  # noqa: E402
 import time  # noqa: E402
 from typing import NamedTuple  # noqa: E402
 
-import communication_table as table  # noqa: E402
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # benchmarks.*
+
 import jax  # noqa: E402
 import optax  # noqa: E402
-import overlap_schedule as schedule  # noqa: E402
-from harness import studies  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import lordo_jax  # noqa: E402
+from benchmarks.communication import communication_table as table  # noqa: E402
+from benchmarks.harness import studies  # noqa: E402
+from benchmarks.overlap import overlap_schedule as schedule  # noqa: E402
 from lordo_jax.local import _shape_groups as shape_groups  # noqa: E402
 
 sys.path.insert(0, str(studies.ROOT / "examples"))
 from lm import model  # noqa: E402
 
-TARGETS = studies.ROOT / "benchmarks" / "targets"
+TARGETS = pathlib.Path(__file__).resolve().parent / "targets"
 RANK, PERIOD, LEARNING_RATE, WEIGHT_DECAY = 192, 16, 1e-3, 1e-4
 GPT2_LM = model.ModelConfig(d_model=768, num_layers=12, num_heads=12, seq_len=512)
 LM_BATCH = 16  # Windows per worker per step (device_speed.py's).
@@ -253,7 +255,7 @@ class Hlo(NamedTuple):
 
 
 def target_config(target: str) -> str:
-  """The ``GpuTargetConfigProto`` text of ``benchmarks/targets/<target>.txtpb``."""
+  """The ``GpuTargetConfigProto`` text of ``benchmarks/gpu/targets/<target>.txtpb``."""
   path = TARGETS / f"{target}.txtpb"
   if not path.exists():
     known = sorted(p.stem for p in TARGETS.glob("*.txtpb"))
@@ -576,7 +578,7 @@ DEFAULT_MODEL = Model(0.7, 200, 8)  # Used where no calibration program was comp
 
 
 def options(parser) -> None:
-  parser.add_argument("--target", default="h100", help="a description in benchmarks/targets/")
+  parser.add_argument("--target", default="h100", help="a description in benchmarks/gpu/targets/")
   parser.add_argument("--sections", default=None, help=",".join(SECTIONS))
   parser.add_argument("--workers", type=int, default=8, help="GPUs of the LM's step")
   parser.add_argument(

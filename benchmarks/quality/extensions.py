@@ -1,7 +1,7 @@
 r"""Beyond the paper: compressed, streamed, two-sided and adaptive synchronisation.
 
-    python benchmarks/extensions.py          # the quality study's settings, 3 seeds
-    python benchmarks/extensions.py --quick  # tiny preset, 1 seed: about 3 min
+    python benchmarks/quality/extensions.py          # the quality study's settings, 3 seeds
+    python benchmarks/quality/extensions.py --quick  # tiny preset, 1 seed: about 3 min
 
 Every row of :data:`ROWS` trains the quality study's model and data (same steps,
 batch, rank, K, seeds: :mod:`quality`) at the best learning rate the quality study
@@ -23,12 +23,16 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import pathlib  # noqa: E402
 import statistics  # noqa: E402
+import sys  # noqa: E402
 
-import quality  # noqa: E402
-from harness import lm_runs  # noqa: E402
-from harness import quality_report  # noqa: E402
-from harness import quality_summary  # noqa: E402
-from harness.variants import Variant  # noqa: E402
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # benchmarks.*
+
+from benchmarks.harness import lm_runs  # noqa: E402
+from benchmarks.harness import quality_report  # noqa: E402
+from benchmarks.harness import quality_summary  # noqa: E402
+from benchmarks.harness import studies  # noqa: E402
+from benchmarks.harness.variants import Variant  # noqa: E402
+from benchmarks.quality import quality  # noqa: E402
 
 LOSS_GAP = 0.02
 BYTE_RATIO = 40.0
@@ -205,7 +209,9 @@ def main(argv=None) -> int:
   rows = []
   for variant, tuned_as in ROWS:
     lr = best_lr[tuned_as]
-    records = [lm_runs.run(study.spec(variant, lr, seed), out / "runs") for seed in study.seeds]
+    records = [
+      lm_runs.run(study.spec(variant, lr, seed), studies.runs(out, "lm")) for seed in study.seeds
+    ]
     rows.append(row(variant, records, lr))
   summary = {
     "study": {
@@ -215,7 +221,7 @@ def main(argv=None) -> int:
       "sync_every": study.sync_every,
       "seeds": list(study.seeds),
     },
-    "command": "python benchmarks/extensions.py" + (" --quick" if args.quick else ""),
+    "command": "python benchmarks/quality/extensions.py" + (" --quick" if args.quick else ""),
     "provenance": lm_runs.provenance(),
     "rows": rows,
   }

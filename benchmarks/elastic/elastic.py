@@ -1,8 +1,8 @@
 r"""Elastic training in quality: a run resumed on another number of workers, workers away.
 
-    python benchmarks/elastic.py           # 1,024 steps, 3 seeds: CPU-hours
-    python benchmarks/elastic.py --cached  # report what is cached, train nothing
-    python benchmarks/elastic.py --quick   # tiny preset, 64 steps: a few minutes
+    python benchmarks/elastic/elastic.py           # 1,024 steps, 3 seeds: CPU-hours
+    python benchmarks/elastic/elastic.py --cached  # report what is cached, train nothing
+    python benchmarks/elastic/elastic.py --quick   # tiny preset, 64 steps: a few minutes
 
 LoRDO on the overlap study's LM (small preset, r = 32, K = 16, 1,024 steps: 64 rounds,
 8 windows per worker per step, the long-horizon study's best rate at 1,024 steps), on 16
@@ -12,7 +12,7 @@ anchor, bases and outer state carried, the moments averaged; the text split over
 new workers); and on 8 workers of which a quarter (workers 6 and 7) are away for rounds
 25-32 and come back (``fault_tolerant=True``, ``worker_present=False``). Each row's
 final validation loss over the seeds, against the uninterrupted 8 workers. Runs are
-cached one JSON file each (``<out>/elastic_runs``), seed 0 of every row first.
+cached one JSON file each (``<out>/runs/elastic``), seed 0 of every row first.
 """
 
 import os
@@ -26,18 +26,22 @@ import pathlib  # noqa: E402
 import re  # noqa: E402
 import shutil  # noqa: E402
 import statistics  # noqa: E402
+import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 
-from harness import lm_runs  # noqa: E402
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # benchmarks.*
+
+from benchmarks.harness import lm_runs  # noqa: E402
 
 lm_runs.simulate_devices(16)  # 16 workers of one device each; 8 and 4 of several.
 
-import overlap_quality  # noqa: E402
-import quality  # noqa: E402
-from harness import studies  # noqa: E402
-from harness import variants  # noqa: E402
 from lm import checkpoints as lm_checkpoints  # noqa: E402
+
+from benchmarks.harness import studies  # noqa: E402
+from benchmarks.harness import variants  # noqa: E402
+from benchmarks.overlap import overlap_quality  # noqa: E402
+from benchmarks.quality import quality  # noqa: E402
 
 NAME = "elastic"
 STEPS, QUICK_STEPS = 1024, 64
@@ -92,7 +96,7 @@ def slug(name: str) -> str:
 def trained(row: Row, study, steps: int, lr: float, seed: int, out, *, killed):
   """The final validation loss of ``row`` at ``seed`` (cached), or None if not trained
   (``killed`` None: train nothing; else the folder of this call's killed runs)."""
-  path = out / "elastic_runs" / f"{slug(row.name)}_s{seed}_{steps}.json"
+  path = studies.runs(out, "elastic") / f"{slug(row.name)}_s{seed}_{steps}.json"
   if path.exists():
     return json.loads(path.read_text())["final_val_loss"]
   if killed is None:

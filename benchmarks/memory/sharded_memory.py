@@ -1,7 +1,7 @@
 r"""Per-device optimizer state on GPT-2 small shapes, F-way FSDP, with and without offload.
 
-    python benchmarks/sharded_memory.py           # F = 1, 2, 4, 8; GPT-2 small (124M)
-    python benchmarks/sharded_memory.py --quick   # the same on 2 of its 12 layers
+    python benchmarks/memory/sharded_memory.py           # F = 1, 2, 4, 8; GPT-2 small (124M)
+    python benchmarks/memory/sharded_memory.py --quick   # the same on 2 of its 12 layers
 
 One worker group of F simulated CPU devices (a ``(1, F)`` mesh, ``workers x fsdp``)
 holds GPT-2 small's parameters, each leaf split F ways over ``fsdp`` along its smallest
@@ -17,17 +17,21 @@ and DiLoCo, each with ``offload=False`` and ``offload=True``.
 """
 
 import math
+import pathlib
+import sys
 import time
 
-import communication_table as table
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # benchmarks.*
+
 import jax
 import jax.numpy as jnp
 import numpy as np
-from harness import studies
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import lordo_jax
+from benchmarks.communication import communication_table as table
+from benchmarks.harness import studies
 
 FSDP = (1, 2, 4, 8)
 MB = 1e6

@@ -1,8 +1,8 @@
 r"""The paper's claims over many rounds: the quality study at 4x and 8x its steps.
 
-    python benchmarks/long_horizon.py             # 1,024 and 2,048 steps: many CPU-hours
-    python benchmarks/long_horizon.py --cached    # report what is cached, train nothing
-    python benchmarks/long_horizon.py --quick     # tiny preset, 96 steps: about a minute
+    python benchmarks/paper/long_horizon.py             # 1,024 and 2,048 steps: many CPU-hours
+    python benchmarks/paper/long_horizon.py --cached    # report what is cached, train nothing
+    python benchmarks/paper/long_horizon.py --quick     # tiny preset, 96 steps: about a minute
 
 The quality study (:mod:`quality`) trains 256 steps, 16 rounds of K = 16. This study
 trains the same model, data, workers, rank and K for ``--horizons`` steps (default 1,024
@@ -19,7 +19,7 @@ power law fitted through the points where the gap is positive; claims (b) and (c
 read seed by seed at each horizon, and the rank x batch sweep of claim (d) runs at the
 longest horizon.
 
-Runs go to the quality study's cache (``<out>/runs``, one JSON file per run; see
+Runs go to the quality study's cache (``<out>/runs/lm``, one JSON file per run; see
 :mod:`lm_runs`) in :data:`GROUPS`' order, most informative first (claim (d) as soon as
 its two variants are in), so an interrupted study has its most useful rows;
 ``--cached`` writes the report from the runs present (rows still missing are marked).
@@ -35,13 +35,16 @@ import json  # noqa: E402
 import math  # noqa: E402
 import pathlib  # noqa: E402
 import statistics  # noqa: E402
+import sys  # noqa: E402
 import time  # noqa: E402
 
-import quality  # noqa: E402
-from harness import lm_runs  # noqa: E402
-from harness import quality_report  # noqa: E402
-from harness import studies  # noqa: E402
-from harness import variants  # noqa: E402
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # benchmarks.*
+
+from benchmarks.harness import lm_runs  # noqa: E402
+from benchmarks.harness import quality_report  # noqa: E402
+from benchmarks.harness import studies  # noqa: E402
+from benchmarks.harness import variants  # noqa: E402
+from benchmarks.quality import quality  # noqa: E402
 
 # Trained group by group, each at every horizon: claim (a)'s pair first, then the rows
 # of claims (b) and (c) with DDP, then claim (d) (its variants are in by then), then the
@@ -446,7 +449,9 @@ def main(argv=None) -> int:
   groups = QUICK_GROUPS if args.quick else GROUPS
   args.flags = ["--cached"] if args.cached else []
   short = json.loads((args.out / quality_report.JSON_NAME).read_text())
-  result = run_study(Runs(args.out / "runs", train=not args.cached), study, horizons, groups, short)
+  result = run_study(
+    Runs(studies.runs(args.out, "lm"), train=not args.cached), study, horizons, groups, short
+  )
   plot(result, args.out / f"{NAME}.png")
   notes = [
     f"The {study.preset} preset, r = {study.rank}, K = {study.sync_every}, batch "

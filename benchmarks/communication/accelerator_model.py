@@ -1,8 +1,8 @@
 r"""Compute utilisation and time to target of every method on accelerators, by bandwidth.
 
-    python benchmarks/accelerator_model.py            # GPT-2 124M, 355M, 774M; r = d/4 and 32
-    python benchmarks/accelerator_model.py --small-only  # GPT-2 124M at r = d/4 only
-    python benchmarks/accelerator_model.py --quick    # GPT-2 124M: DDP and DiLoCo only
+    python benchmarks/communication/accelerator_model.py   # GPT-2 124M, 355M, 774M; r = d/4, 32
+    python benchmarks/communication/accelerator_model.py --small-only  # 124M at r = d/4 only
+    python benchmarks/communication/accelerator_model.py --quick  # 124M: DDP and DiLoCo only
 
 Nothing is trained. ``time_to_target.py`` times the workers simulated on 2 CPU cores,
 ~1000x slower than an accelerator, so there communication never matters; here the
@@ -119,12 +119,11 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-
-import communication_table  # noqa: E402
-from harness import studies  # noqa: E402
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # benchmarks.*
 
 import lordo_jax  # noqa: E402
+from benchmarks.communication import communication_table  # noqa: E402
+from benchmarks.harness import studies  # noqa: E402
 
 PEAK_FLOPS = 989e12  # H100 SXM, bf16 dense.
 MFU = 0.4
@@ -958,7 +957,8 @@ def examples_table(result: dict) -> dict:
   size = next(s for s in result["sizes"] if (s["config"]["name"], s["rank"]) == small)
   a = result["assumptions"]
   return {
-    "generated_by": "python benchmarks/accelerator_model.py --small-only --examples-table "
+    "generated_by": "python benchmarks/communication/accelerator_model.py --small-only "
+    "--examples-table "
     f"{EXAMPLES_TABLE.relative_to(studies.ROOT)}",
     "model": f"{GPT2_SMALL.name}, {size['params']:,} parameters",
     "assumptions": f"{WORKERS} workers, one H100 each ({a['peak_flops'] / 1e12:g} TFLOP/s "

@@ -1,7 +1,7 @@
 r"""Optimizer-state memory per method on GPT-2 small's shapes: on device, and offloadable.
 
-    python benchmarks/memory.py           # every method at r = 192, LoRDO at 4 ranks
-    python benchmarks/memory.py --quick   # the same (it allocates nothing: seconds)
+    python benchmarks/memory/memory.py           # every method at r = 192, LoRDO at 4 ranks
+    python benchmarks/memory/memory.py --quick   # the same (it allocates nothing: seconds)
 
 Every number is ``lordo_jax.state_bytes(jax.eval_shape(tx.init, params))`` of one
 worker's state, so no GPT-2-sized array is ever allocated, split as ``offload=True``
@@ -32,13 +32,17 @@ on host. The difference (``counters`` in the JSON) is the counters and ledgers.
 """
 
 import math
+import pathlib
+import sys
 import time
 
-import communication_table as table
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # benchmarks.*
+
 import jax
-from harness import studies
 
 import lordo_jax
+from benchmarks.communication import communication_table as table
+from benchmarks.harness import studies
 
 RANKS = (64, 128, 192, 384)
 MB = 1e6

@@ -1,8 +1,8 @@
 r"""What overlapping the sync costs in quality: the LM at 64 rounds, each overlap and merge.
 
-    python benchmarks/overlap_quality.py           # 1,024 steps, 3 seeds: CPU-hours
-    python benchmarks/overlap_quality.py --cached  # report what is cached, train nothing
-    python benchmarks/overlap_quality.py --quick   # tiny preset, 96 steps: a few minutes
+    python benchmarks/overlap/overlap_quality.py           # 1,024 steps, 3 seeds: CPU-hours
+    python benchmarks/overlap/overlap_quality.py --cached  # report what is cached, train nothing
+    python benchmarks/overlap/overlap_quality.py --quick   # tiny preset, 96 steps: a few minutes
 
 LoRDO and DiLoCo train the long-horizon study's model, data, workers, rank and K = 16
 for 1,024 steps (64 rounds; :mod:`long_horizon`), each at the learning rate that study
@@ -14,7 +14,7 @@ pseudo-gradient and ``overlap="round"`` (the configuration that needs the least 
 The rate is not tuned again for each overlap: the question is what turning overlap on
 costs a user who keeps their rate.
 
-Runs go to the quality study's cache (``<out>/runs``; :mod:`lm_runs`), the runs without
+Runs go to the quality study's cache (``<out>/runs/lm``; :mod:`lm_runs`), the runs without
 overlap are the long-horizon study's own, and they are trained in :data:`ORDER`, most
 informative first (seed 0 of the "round" rows, then seed 0 of every row, then the other
 seeds), so an interrupted study has its most useful rows; ``--cached`` writes the report
@@ -28,15 +28,19 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # Before NumPy loads: see qu
 import dataclasses  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
+import pathlib  # noqa: E402
 import statistics  # noqa: E402
+import sys  # noqa: E402
 import time  # noqa: E402
 from typing import Any  # noqa: E402
 
-import long_horizon  # noqa: E402
-import quality  # noqa: E402
-from harness import lm_runs  # noqa: E402
-from harness import studies  # noqa: E402
-from harness import variants  # noqa: E402
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # benchmarks.*
+
+from benchmarks.harness import lm_runs  # noqa: E402
+from benchmarks.harness import studies  # noqa: E402
+from benchmarks.harness import variants  # noqa: E402
+from benchmarks.paper import long_horizon  # noqa: E402
+from benchmarks.quality import quality  # noqa: E402
 
 NAME = "overlap_quality"
 STEPS = 1024
@@ -95,7 +99,7 @@ def tuned_rates(out, steps: int) -> dict[str, float]:
   """Each method's best rate at ``steps`` in the long-horizon study's results."""
   path = out / f"{long_horizon.NAME}.json"
   if not path.exists():
-    raise SystemExit(f"{path} is missing: run benchmarks/long_horizon.py first (its rates).")
+    raise SystemExit(f"{path} is missing: run benchmarks/paper/long_horizon.py first (its rates).")
   rows = json.loads(path.read_text())["horizons"].get(str(steps), [])
   rates = {r["method"]: r["best_lr"] for r in rows if r["best_lr"]}
   missing = [m for m in METHODS if m not in rates]
@@ -196,11 +200,11 @@ def main(argv=None) -> int:
     {m: study.learning_rates[0] for m in METHODS} if args.quick else tuned_rates(args.out, steps)
   )
   args.flags = ["--cached"] if args.cached else []
-  runs = long_horizon.Runs(args.out / "runs", train=not args.cached)
+  runs = long_horizon.Runs(studies.runs(args.out, "lm"), train=not args.cached)
   if not args.cached:
     for run in planned(study, steps, rates):
       runs.get(run)
-  rows = results(long_horizon.Runs(args.out / "runs", train=False), study, steps, rates)
+  rows = results(long_horizon.Runs(studies.runs(args.out, "lm"), train=False), study, steps, rates)
   notes = [
     f"The {study.preset} preset, r = {study.rank}, K = {study.sync_every}, batch "
     f"{study.batch_size} per worker, 8 simulated workers, warmup {study.warmup_steps} then "

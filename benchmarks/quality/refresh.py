@@ -1,8 +1,8 @@
 r"""Which basis refresh LoRDO takes: its loss with each, and its distance to the exact subspace.
 
-    python benchmarks/refresh.py          # the LM at 256, 1,024 and 2,048 steps, 3 seeds
-    python benchmarks/refresh.py --cached # the report from the runs already cached
-    python benchmarks/refresh.py --quick  # the LM's tiny preset, 96 steps, 1 seed
+    python benchmarks/quality/refresh.py          # the LM at 256, 1,024 and 2,048 steps, 3 seeds
+    python benchmarks/quality/refresh.py --cached # the report from the runs already cached
+    python benchmarks/quality/refresh.py --quick  # the LM's tiny preset, 96 steps, 1 seed
 
 Quality: LoRDO trains the quality study's model and data (:mod:`quality`'s settings:
 the ``small`` preset, r = 32, K = 16, 8 workers) at the learning rate the quality study
@@ -31,23 +31,29 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # Before NumPy loads: see qu
 
 import dataclasses  # noqa: E402
 import json  # noqa: E402
+import pathlib  # noqa: E402
 import statistics  # noqa: E402
+import sys  # noqa: E402
 import time  # noqa: E402
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # benchmarks.*
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
-import quality  # noqa: E402
-from harness import lm_runs  # noqa: E402
-from harness import quality_report  # noqa: E402
-from harness import studies  # noqa: E402
-from harness.variants import Variant  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
-from lm import data  # noqa: E402  (lm_runs puts examples/ on the path)
-from lm import model  # noqa: E402
-from lm import train  # noqa: E402
 
 import lordo_jax  # noqa: E402
+from benchmarks.harness import lm_runs  # noqa: E402
+from benchmarks.harness import quality_report  # noqa: E402
+from benchmarks.harness import studies  # noqa: E402
+from benchmarks.harness.variants import Variant  # noqa: E402
+from benchmarks.quality import quality  # noqa: E402
+
+sys.path.insert(0, str(studies.ROOT / "examples"))  # As lm_runs does.
+from lm import data  # noqa: E402
+from lm import model  # noqa: E402
+from lm import train  # noqa: E402
 
 HORIZONS = (256, 1024, 2048)  # 16, 64 and 128 rounds of K = 16.
 COMPARED = ("svd", "subspace_iteration")  # At every horizon.
@@ -248,7 +254,7 @@ def main(argv=None) -> int:
   study = quality.QUICK if args.quick else quality.FULL
   horizons = QUICK_HORIZONS if args.quick else HORIZONS
   rate = json.loads((args.out / quality_report.JSON_NAME).read_text())["best_lr"]["lordo"]
-  cache = args.out / "runs"
+  cache = studies.runs(args.out, "lm")
   result = {
     "learning_rate": rate,
     "quality": quality_rows(study, rate, horizons, cache, train_runs=not args.cached),

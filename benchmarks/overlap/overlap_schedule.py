@@ -1,9 +1,9 @@
 r"""Whether the overlapped sync's collective is scheduled under the step's GEMMs on a GPU.
 
     # A CUDA GPU (jax[cuda]): 8 mock GPUs on the one GPU, the LM's small preset
-    PYTHONPATH=. python benchmarks/overlap_schedule.py --out runs/overlap_schedule
-    PYTHONPATH=. python benchmarks/overlap_schedule.py --preset base --save-hlo  # + the HLO
-    python benchmarks/overlap_schedule.py --quick  # CPU: 8 simulated devices, tiny preset
+    PYTHONPATH=. python benchmarks/overlap/overlap_schedule.py --out runs/overlap_schedule
+    PYTHONPATH=. python benchmarks/overlap/overlap_schedule.py --preset base --save-hlo  # + the HLO
+    python benchmarks/overlap/overlap_schedule.py --quick  # CPU: 8 simulated devices, tiny preset
 
 Compiles (never runs) the example LM's training step (``examples/lm``: its own
 ``train.make_optimizer``, ``train.make_mesh`` and ``train.make_step``, one worker per
@@ -70,12 +70,14 @@ import tempfile  # noqa: E402
 import time  # noqa: E402
 from typing import NamedTuple  # noqa: E402
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # benchmarks.*
+
 import jax  # noqa: E402
-from harness import studies  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import lordo_jax  # noqa: E402
+from benchmarks.harness import studies  # noqa: E402
 
 sys.path.insert(0, str(studies.ROOT / "examples"))
 from lm import model  # noqa: E402

@@ -1,7 +1,7 @@
 """Bytes each method all-reduces per step, per worker, on GPT-2 small's parameter shapes.
 
-Run: ``python benchmarks/communication_table.py``; prints a markdown table (pasted into
-docs/benchmarks.md). Every number is read from the optimizer state with
+Run: ``python benchmarks/communication/communication_table.py``; prints a markdown table
+(pasted into docs/benchmarks.md). Every number is read from the optimizer state with
 ``lordo_jax.communicated_bytes`` after real ``update`` calls of each method, never
 from a formula; the state sizes come from ``lordo_jax.state_bytes``.
 
@@ -17,6 +17,7 @@ same methods on small shapes both ways, full steps on random gradients and the
 counters-only steps, and requires identical ledgers at every step.
 """
 
+import argparse
 import math
 
 import jax
@@ -253,7 +254,8 @@ def measure(tx, shapes, period):
   return per_step, sent[period - 1] - per_step * period
 
 
-def main():
+def main(argv=None):
+  argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args(argv)
   self_check()
   full_model = gpt2_small_shapes()
   blocks = gpt2_small_shapes(embeddings=False)

@@ -1,7 +1,7 @@
 r"""Whole training-step time of LoRDO against DDP-AdamW on the example LM (CPU).
 
-    python benchmarks/step_overhead.py           # the tiny and small presets
-    python benchmarks/step_overhead.py --quick   # tiny preset, 3 rounds: under a minute
+    python benchmarks/speed/step_overhead.py           # the tiny and small presets
+    python benchmarks/speed/step_overhead.py --quick   # tiny preset, 3 rounds: under a minute
 
 What is timed: the jitted training step of ``examples/lm`` (``train.make_step``:
 forward, backward, ``tx.update``, ``optax.apply_updates`` under ``jax.shard_map``,
@@ -46,12 +46,15 @@ import jax  # noqa: E402
 DEVICES = 8
 jax.config.update("jax_num_cpu_devices", DEVICES)
 
-from harness import studies  # noqa: E402
-from harness.studies import Timed  # noqa: E402
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # benchmarks.*
+
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "examples"))
+from benchmarks.harness import studies  # noqa: E402
+from benchmarks.harness.studies import Timed  # noqa: E402
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "examples"))
 
 from lm import data  # noqa: E402
 from lm import model  # noqa: E402

@@ -1,7 +1,7 @@
 r"""The measured effect of each of the paper's variants (docs/FIDELITY.md) on the LM.
 
-    python benchmarks/fidelity.py          # the quality study's settings, 3 seeds: ~35 min
-    python benchmarks/fidelity.py --quick  # the tiny preset, 1 seed, 4 changes: ~40 s
+    python benchmarks/paper/fidelity.py          # the quality study's settings, 3 seeds: ~35 min
+    python benchmarks/paper/fidelity.py --quick  # the tiny preset, 1 seed, 4 changes: ~40 s
 
 Each row changes one setting of LoRDO (or of the low-rank DDP baseline) to the paper's
 or the authors' value, everything else as in the quality study (:mod:`quality`: the
@@ -19,18 +19,22 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # Before NumPy loads: see qu
 
 import dataclasses  # noqa: E402
 import json  # noqa: E402
+import pathlib  # noqa: E402
 import re  # noqa: E402
 import statistics  # noqa: E402
+import sys  # noqa: E402
 import time  # noqa: E402
 from typing import Any  # noqa: E402
 from typing import NamedTuple  # noqa: E402
 
-import quality  # noqa: E402
-from harness import lm_runs  # noqa: E402
-from harness import quality_report  # noqa: E402
-from harness import studies  # noqa: E402
-from harness import variants  # noqa: E402
-from harness.variants import Variant  # noqa: E402
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # benchmarks.*
+
+from benchmarks.harness import lm_runs  # noqa: E402
+from benchmarks.harness import quality_report  # noqa: E402
+from benchmarks.harness import studies  # noqa: E402
+from benchmarks.harness import variants  # noqa: E402
+from benchmarks.harness.variants import Variant  # noqa: E402
+from benchmarks.quality import quality  # noqa: E402
 
 
 class Change(NamedTuple):
@@ -126,7 +130,7 @@ def measure(study: quality.Study, out, changes=CHANGES) -> list[dict]:
   final = lambda record: record["result"]["final_val_loss"]  # noqa: E731
   base = {
     name: [
-      final(lm_runs.run(spec(study, None, name, best_lr[name], s), out / "runs"))
+      final(lm_runs.run(spec(study, None, name, best_lr[name], s), studies.runs(out, "lm")))
       for s in study.seeds
     ]
     for name in ("lordo", "low_rank_ddp")
@@ -135,7 +139,8 @@ def measure(study: quality.Study, out, changes=CHANGES) -> list[dict]:
   for change in changes:
     lr = best_lr[change.base]
     losses = [
-      final(lm_runs.run(spec(study, change, change.base, lr, s), out / "runs")) for s in study.seeds
+      final(lm_runs.run(spec(study, change, change.base, lr, s), studies.runs(out, "lm")))
+      for s in study.seeds
     ]
     effect = [a - b for a, b in zip(losses, base[change.base], strict=True)]
     rows.append(

@@ -1,0 +1,1 @@
+"""Bytes each method sends, and what they cost on accelerators by bandwidth."""

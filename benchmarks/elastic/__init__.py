@@ -1,0 +1,1 @@
+"""Elastic training: a run resumed on another number of workers, workers away."""

@@ -1,0 +1,1 @@
+"""The steps' programs compiled for GPUs on any machine (``targets/``: the GPUs' descriptions)."""

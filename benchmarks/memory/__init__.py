@@ -1,0 +1,1 @@
+"""Optimizer-state memory per method, whole and sharded, offload on and off."""
