@@ -5,7 +5,8 @@ r"""Regenerates every table and plot behind BENCHMARKS.md, one study after anoth
     python benchmarks/run_all.py --quick --only quality,time_to_target --out /tmp/b
 
 Each study is its own script, ``benchmarks/<topic>/<study>.py``, run in a subprocess
-(each sets up its own simulated devices): ``quality.py`` (trains, or reads its cached runs), then
+(each sets up its own simulated devices): ``quality.py`` (trains, or reads its cached runs),
+``learning_rate.py`` (LoRDO's best learning rate against AdamW's on the README's example), then
 ``time_to_target.py`` (reads the quality study's runs), ``accelerator_model.py``
 (utilisation and time to target on H100s against bandwidth, from the ledger on GPT-2
 shapes and the full study's ``time_to_target.json``), ``extensions.py``
@@ -14,7 +15,8 @@ learning rates), then the optimizer-step
 studies ``step_speed.py``, ``step_overhead.py``, ``memory.py``, ``sharded_memory.py``
 (per-device state under FSDP, offload on and off), ``device_speed.py`` (the optimizer
 step on GPT-2 small's shapes and the LM's whole step, timed on the device JAX runs on,
-with their memory), ``gpu_program.py`` (the same steps' programs compiled for GPUs on
+with their memory), ``compile_time.py`` (how long each method's step takes to compile
+on this CPU), ``gpu_program.py`` (the same steps' programs compiled for GPUs on
 this machine: launches, memory, collectives' places, a modelled time; it needs the test
 extra's CUDA plugin) and ``refresh.py`` (refresh time and
 LoRDO's quality per projection; it reads the quality study's results) where present,
@@ -43,6 +45,7 @@ ROOT = HERE.parent
 # its topic: the folder its script is in.
 STUDIES = {
   "quality": "quality",
+  "learning_rate": "quality",
   "time_to_target": "quality",
   "accelerator_model": "communication",
   "extensions": "quality",
@@ -51,6 +54,7 @@ STUDIES = {
   "memory": "memory",
   "sharded_memory": "memory",
   "device_speed": "speed",
+  "compile_time": "speed",
   "gpu_program": "gpu",
   "refresh": "quality",
   "fidelity": "paper",

@@ -1,18 +1,41 @@
-"""A state re-wrapped by a framework, put back in the structure its ``init`` made.
+"""Trees as a framework hands them over: Flax's Variables read, a re-wrapped state conformed.
 
-Flax's ``nnx.Optimizer`` stores the optimizer state as ``nnx.State``: a NamedTuple
-that sits in a parameter's slot (a :class:`~lordo_jax.LowRankMoments`, a basis)
-comes back from its first ``update`` as a dict of the same fields. :func:`conformed`
-makes an ``update`` accept such a state: its leaves are matched, by the names on their
-paths (a NamedTuple field and a dict key of the same name are one name), to the
-structure ``init`` gives for the update's gradients. A state in that structure
-already is passed on untouched.
+Flax's ``nnx.Optimizer`` calls ``init`` on parameters held in ``nnx.Variable``s and
+stores the state it returns with every Variable kept (as ``OptVariable``) and every
+other array wrapped (as ``OptArray``); ``update`` gets plain arrays, and its state is
+written back into those wrappers. A Variable's value is replaced whole, so a NamedTuple
+inside one (a :class:`~lordo_jax.LowRankMoments` in a parameter's slot) would come
+back a dict and the step's program would compile again: a state whose parts are not
+shaped like their parameter is built from :func:`values`, so that no Variable holds
+it, and the updates go back in the caller's structure with :func:`like`.
+
+:func:`conformed` makes an ``update`` accept a state re-wrapped in dicts all the same
+(``nnx.state`` of a state, a checkpoint restored without a target): its leaves are
+matched, by the names on their paths (a NamedTuple field and a dict key of the same name
+are one name), to the structure ``init`` gives for the update's gradients. A state in
+that structure already is passed on untouched.
 """
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
 import jax
+
+
+def values(tree: Any) -> Any:
+  """``tree`` with every Flax ``nnx.Variable`` replaced by its value (``nnx.as_pure``).
+
+  Where Flax is not loaded no tree holds a Variable, and ``tree`` is returned as it is.
+  """
+  nnx = sys.modules.get("flax.nnx")
+  return tree if nnx is None else nnx.as_pure(tree)
+
+
+def like(template: Any, tree: Any) -> Any:
+  """``tree``'s leaves in ``template``'s structure (the same leaves in the same order,
+  ``template`` holding them in Variables where ``tree`` holds them bare)."""
+  return jax.tree.structure(template).unflatten(jax.tree.leaves(tree))
 
 
 def _name(key) -> Any:

@@ -196,6 +196,9 @@ def _init_leaf(c: _Config, x, axes, key) -> LowRankMoments:
 
 
 def _init(c: _Config, params) -> LowRankAdamState:
+  # The moments are not shaped like their matrix: built from the values, so that no Flax
+  # Variable (and its parameter's metadata) holds them (lordo_jax/_tree_structure.py).
+  params = state_structure.values(params)
   is_masked = lambda x: isinstance(x, optax.MaskedNode)  # noqa: E731
   leaves, treedef = jax.tree.flatten(params, is_leaf=is_masked)
   keys = list(jax.random.split(jax.random.key(c.seed), max(len(leaves), 1)))
@@ -260,6 +263,7 @@ def _refresh(c: _Config, state, source, *, first=False, mean=lambda xs: xs) -> L
   The matrices of one shape and layout (a transformer's layers) are stacked and
   refreshed, moments and all, in one batched computation per group.
   """
+  source = state_structure.values(source)
   masked = lambda x: isinstance(x, optax.MaskedNode)  # noqa: E731
   moments = map_matrices(lambda m, x: optax.MaskedNode() if masked(x) else m, state.moments, source)
   source = map_matrices(lambda m, x: x, moments, source)
@@ -449,6 +453,7 @@ def _projected(c: _Config, state, listed: _Listed) -> Projected:
 
 def _project(c: _Config, updates, state) -> Projected:
   """:attr:`LowRankAdam.project`: ``c = project(Q, G + E)`` and ``E = A - unproject(Q, c)``."""
+  updates = state_structure.values(updates)
   return _grouped(c, state, updates, functools.partial(_projected, c, state))
 
 
@@ -469,12 +474,14 @@ def _step(c: _Config, updates, state, projected: Projected):
     ]
     return _stepped(c, state, listed, groups)
 
-  return _grouped(c, state, updates, step)
+  directions, state = _grouped(c, state, state_structure.values(updates), step)
+  return state_structure.like(updates, directions), state
 
 
 def _update(c: _Config, updates, state, params=None):
   """Refresh when due, then project and step, each shape group in one batched computation."""
   del params
+  given, updates = updates, state_structure.values(updates)
   count = optax.safe_int32_increment(state.count)
   now = _refresh_due(c, count)
   if now is not None:
@@ -483,7 +490,8 @@ def _update(c: _Config, updates, state, params=None):
   def step(listed: _Listed):
     return _stepped(c, state, listed, _projected_by_group(c, listed))
 
-  return _grouped(c, state, updates, step)
+  directions, state = _grouped(c, state, updates, step)
+  return state_structure.like(given, directions), state
 
 
 def _basis_options(options: low_rank_options.LowRankOptions) -> bases_lib.Options:

@@ -190,7 +190,9 @@ def partition_labels(labels: Any, rank: int, who: str) -> Callable[[Any], Any]:
   * a leaf of three or more axes that some split of its axes would make a matrix with
     ``min(p, q) > rank`` (Flax's attention kernels): a ``UserWarning`` naming it, its
     shape and the :class:`MatrixAxes` that would make it low-rank
-    (:func:`suggested_axes`).
+    (:func:`suggested_axes`);
+  * 2-D leaves with ``min(p, q) <= rank`` beside low-rank ones (a narrow output layer):
+    one ``UserWarning`` naming them all, with their shapes, as left full-rank.
 
   2-D leaves that all have ``min(p, q) <= rank`` are an error, at every call: the user
   has matrices and would quietly get no low-rank step.
@@ -208,6 +210,8 @@ def partition_labels(labels: Any, rank: int, who: str) -> Callable[[Any], Any]:
         _warn_unlabelled_matrices(tree, rank, who)
       if LOW_RANK not in jax.tree.leaves(routed):
         _no_low_rank_leaf(tree, rank, who, warn=first)
+      elif first:
+        _warn_small_matrices(tree, rank, who)
     return routed
 
   return label_fn
@@ -289,6 +293,23 @@ def _warn_unlabelled_matrices(tree: Any, rank: int, who: str) -> None:
       f"only 2-D leaves are low-rank. Labelled {_spelled(axes)} in low_rank_labels it "
       f"is one {p} x {q} low-rank matrix{stacked}; labelled False it stays full-rank "
       "without this warning."
+    )
+
+
+def _warn_small_matrices(tree: Any, rank: int, who: str) -> None:
+  """Warns once, naming every 2-D leaf the default routing leaves full-rank because its
+  smaller side is at most the rank."""
+  small = [
+    f"{jax.tree_util.keystr(path) or 'the root'} {x.shape[0]} x {x.shape[1]}"
+    for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]
+    if getattr(x, "ndim", 0) == 2 and min(x.shape) <= rank
+  ]
+  if small:
+    checks.warn(
+      f"{who}: rank={rank} leaves these 2-D leaves full-rank (AdamW moments, no "
+      f"projection), since min(p, q) <= rank: {', '.join(small)}. Only matrices with "
+      "min(p, q) > rank are low-rank: lower the rank to make them low-rank, or pass "
+      "low_rank_labels (these leaves False) to keep them full-rank without this warning."
     )
 
 

@@ -30,9 +30,9 @@ def select(tree: Any, fragment: Any) -> Any:
   """
   if fragment is None:
     return tree
-  return jax.tree.map(
-    lambda x, k: x if k else optax.MaskedNode(), tree, fragment, is_leaf=_is_entry
-  )
+  # By the fragment's leaves: a leaf's entry in ``tree`` is taken whole (a matrix's
+  # moments, or a parameter still in its Flax Variable).
+  return jax.tree.map(lambda k, x: x if k else optax.MaskedNode(), fragment, tree)
 
 
 def merge(full: Any, part: Any) -> Any:

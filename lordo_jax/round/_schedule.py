@@ -10,6 +10,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from lordo_jax import _tree_structure as tree_structure
 from lordo_jax.round import _periods as periods
 
 
@@ -28,7 +29,7 @@ def fragment_masks(params: Any, fragments) -> list:
   if not callable(fragments) and fragments == 1:
     return [None]
   labels = periods.fragment_labels(params, fragments)
-  treedef = jax.tree.structure(params)
+  treedef = jax.tree.structure(tree_structure.values(params))  # Flax's Variables read.
   return [treedef.unflatten([lab == f for lab in labels]) for f in range(max(labels) + 1)]
 
 

@@ -1,12 +1,14 @@
 """What an optimizer state says about a run: bytes sent, current bases.
 
-These read a state on the host (outside ``jit``) and return Python values a user can
-log. A state stacked over workers (a leading worker axis, as ``pmap`` and
-``shard_map`` outputs are) is read from worker 0; the ledgers of all workers agree.
+These read a state on the host (outside ``jit``) and return Python values (or plain
+arrays) a user can log. Each takes a state as the training loop holds it: a chain's, an
+``optax.inject_hyperparams``'s, or Flax's ``nnx.Optimizer.opt_state`` as it is (its
+``OptArray`` and ``OptVariable`` wrappers are read through). A state stacked over
+workers (a leading worker axis, as ``pmap`` and ``shard_map`` outputs are) is read from
+worker 0; the ledgers of all workers agree.
 """
 
 import math
-from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -16,17 +18,18 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec
 
 from lordo_jax import _sharded as sharded
+from lordo_jax import _tree_structure as tree_structure
 from lordo_jax.comm import _collectives as collectives
 from lordo_jax.local import _low_rank_adam as low_rank_lib
 from lordo_jax.local import _projection as projection_lib
-from lordo_jax.local.bases.two_sided import TwoSidedBasis
 from lordo_jax.round import _offload as offload_lib
 from lordo_jax.round import _synchronize as sync_lib
 
 
 def _ledgers(state: Any) -> list[collectives.Ledger]:
   is_ledger = lambda x: isinstance(x, collectives.Ledger)  # noqa: E731
-  return [x for x in jax.tree.leaves(state, is_leaf=is_ledger) if is_ledger(x)]
+  leaves = jax.tree.leaves(tree_structure.values(state), is_leaf=is_ledger)
+  return [x for x in leaves if is_ledger(x)]
 
 
 def communicated_elements(state: Any) -> int:
@@ -36,8 +39,9 @@ def communicated_elements(state: Any) -> int:
   all-reduce moves ``2 (M - 1) / M`` times it over each worker's link.
 
   Args:
-    state: an optimizer state, or any tree holding one (a chain's, ``nnx.as_pure`` of
-      an ``nnx.Optimizer``'s, stacked over workers: worker 0's ledger is read).
+    state: an optimizer state, or any tree holding one (a chain's, an
+      ``nnx.Optimizer``'s ``opt_state``; stacked over workers: worker 0's ledger is
+      read).
 
   Returns:
     The elements, an exact Python int.
@@ -103,7 +107,7 @@ def step_count(state: Any) -> jax.Array:
     state: an optimizer state, or any tree holding one.
 
   Returns:
-    The count, an int32 array (stacked over workers: one per worker).
+    The count, a plain int32 array (stacked over workers: one per worker).
 
   Raises:
     ValueError: the state holds no ``count``.
@@ -117,7 +121,7 @@ def step_count(state: Any) -> jax.Array:
     >>> int(lordo_jax.step_count(state))
     1
   """
-  found = optax.tree_utils.tree_get_all_with_path(state, "count")
+  found = optax.tree_utils.tree_get_all_with_path(tree_structure.values(state), "count")
   if not found:
     raise ValueError("step_count: this state holds no 'count'.")
   return min(found, key=lambda item: len(item[0]))[1]
@@ -132,7 +136,7 @@ def projections(state: Any) -> Any:
   Args:
     state: the state of a low-rank method (:func:`~lordo_jax.lordo`,
       :func:`~lordo_jax.low_rank_ddp`, ...), or any
-      tree holding one (a chain's, ``nnx.as_pure`` of an ``nnx.Optimizer``'s).
+      tree holding one (a chain's, an ``nnx.Optimizer``'s ``opt_state``).
 
   Returns:
     A tree like the parameters: each low-rank leaf's basis, ``None`` elsewhere.
@@ -149,14 +153,15 @@ def projections(state: Any) -> Any:
     ((8, 2), None)
   """
   is_node = lambda x: isinstance(x, low_rank_lib.LowRankAdamState)  # noqa: E731
-  nodes = [x for x in jax.tree.leaves(state, is_leaf=is_node) if is_node(x)]
+  leaves = jax.tree.leaves(tree_structure.values(state), is_leaf=is_node)
+  nodes = [x for x in leaves if is_node(x)]
   if not nodes:
     raise ValueError("projections: this state holds no low-rank matrices.")
 
   def matrix(m):
     if isinstance(m, optax.MaskedNode):
       return None
-    basis = _basis_of(m)
+    basis = m.basis
     if isinstance(basis, projection_lib.DCTBasis):
       columns = lambda i: projection_lib.dct_columns(i, basis.size)  # noqa: E731
       for _ in range(basis.indices.ndim - 1):
@@ -168,32 +173,8 @@ def projections(state: Any) -> Any:
       return columns(indices)
     return basis
 
-  return jax.tree.map(matrix, nodes[0].moments, is_leaf=_is_entry)
-
-
-def _is_entry(x) -> bool:
-  """A matrix's moments (or a MaskedNode), also as the dict Flax's ``nnx.State`` makes
-  (without its ``error`` where that holds no array: error feedback off)."""
-  if isinstance(x, (low_rank_lib.LowRankMoments, optax.MaskedNode)):
-    return True
-  fields = set(low_rank_lib.LowRankMoments._fields)
-  return isinstance(x, Mapping) and fields - {"error"} <= set(x) <= fields
-
-
-def _basis_of(m) -> Any:
-  """The basis of one matrix's moments, a NamedTuple or the dict ``nnx.State`` makes."""
-  if not isinstance(m, Mapping):
-    return m.basis
-  basis = m["basis"]
-  if isinstance(basis, Mapping) and set(basis) == set(TwoSidedBasis._fields):
-    return TwoSidedBasis(**basis)
-  if isinstance(basis, Mapping):
-    raise ValueError(
-      "projections: this state was re-wrapped by Flax (nnx.State), which drops a DCT "
-      "basis's size; read the bases from a state the optimizer returned (tx.update) "
-      "or from a plain optax loop."
-    )
-  return basis
+  is_entry = lambda x: isinstance(x, (low_rank_lib.LowRankMoments, optax.MaskedNode))  # noqa: E731
+  return jax.tree.map(matrix, nodes[0].moments, is_leaf=is_entry)
 
 
 def _tree_bytes(tree: Any) -> int:
@@ -234,7 +215,8 @@ def state_bytes(state: Any) -> dict[str, int]:
   sizes of its ``addressable_shards``.
 
   Args:
-    state: an optimizer state, or its shapes.
+    state: an optimizer state (an ``nnx.Optimizer``'s ``opt_state`` as it is), or its
+      shapes.
 
   Returns:
     ``{"device": int, "host": int, "offloadable": int}``, in bytes; ``device + host``
@@ -250,6 +232,7 @@ def state_bytes(state: Any) -> dict[str, int]:
     >>> lordo_jax.state_bytes(jax.eval_shape(tx.init, params))["host"]  # no placement
     0
   """
+  state = tree_structure.values(state)
   is_sync = lambda x: isinstance(x, sync_lib.SynchronizeState)  # noqa: E731
   offloadable = 0
   for node in jax.tree.leaves(state, is_leaf=is_sync):

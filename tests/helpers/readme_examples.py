@@ -3,8 +3,18 @@
 The README is the landing page; the guides, the API reference and the benchmarks live in
 ``docs/`` (Markdown pages of the site). ``section(title, page=...)`` reads a section of
 any of them by its heading, at any level.
+
+A page's Python blocks run as a reader runs them: in page order, each after the ones
+before it in one interpreter (:func:`page_outputs`). Two things in the Markdown change
+that, both visible in the page's source:
+
+* ``<!-- not run: why -->`` on the line just above a block's fence: the block is not run
+  (it needs what this machine lacks: several hosts, a GPU's compiler); it still compiles;
+* a block that sets ``jax_num_cpu_devices`` starts a new interpreter, since that must
+  come before JAX starts (the blocks after it run in that one).
 """
 
+import json
 import pathlib
 import re
 import subprocess
@@ -61,3 +71,94 @@ def run(code: str, timeout: float = 300) -> str:
   )
   assert result.returncode == 0, result.stderr[-3000:]
   return result.stdout
+
+
+NOT_RUN = re.compile(r"<!-- not run: (.+?) -->")
+# Pages whose Python blocks run (the README and the site's Markdown pages).
+PAGES = (
+  "README.md",
+  *sorted(
+    str(path.relative_to(ROOT))
+    for path in (ROOT / "docs").rglob("*.md")
+    if "_build" not in path.parts
+  ),
+)
+
+
+def page_blocks(path: str) -> list[tuple[str, str | None]]:
+  """Every ```python block of the page at ``path``, in order, with why it is not run (the
+  ``<!-- not run: why -->`` line just above its fence), or None for a block that runs."""
+  lines = page_text(path).splitlines(keepends=True)
+  blocks, fenced, code, why = [], None, [], None
+  for i, line in enumerate(lines):
+    if fenced is None and line.startswith("```"):
+      fenced = line.strip()
+      if fenced == "```python":
+        above = NOT_RUN.fullmatch(lines[i - 1].strip()) if i else None
+        why, code = (above.group(1) if above else None), []
+    elif fenced is not None and line.startswith("```"):
+      if fenced == "```python":
+        blocks.append(("".join(code), why))
+      fenced = None
+    elif fenced == "```python":
+      code.append(line)
+  return blocks
+
+
+def sessions(path: str) -> list[list[tuple[int, str]]]:
+  """The page's blocks that run, as (block number from 1, code), cut into interpreters:
+  a block that sets ``jax_num_cpu_devices`` starts a new one."""
+  cut: list[list[tuple[int, str]]] = [[]]
+  for number, (code, why) in enumerate(page_blocks(path), start=1):
+    if why is not None:
+      continue
+    if "jax_num_cpu_devices" in code and cut[-1]:
+      cut.append([])
+    cut[-1].append((number, code))
+  return [session for session in cut if session]
+
+
+_SESSION = """
+import json, sys
+page, blocks = json.load(sys.stdin)
+scope = {"__name__": "__main__"}
+for number, code in blocks:
+  print(f"\\x1eblock {number}", flush=True)
+  exec(compile(code, f"{page}, block {number}", "exec"), scope)
+"""
+
+
+_SESSIONS_RUN: dict[tuple, dict[int, str]] = {}
+
+
+def _session_outputs(blocks: tuple[tuple[int, str], ...], name: str, timeout: float) -> dict:
+  """One interpreter running ``blocks`` of the page ``name`` in order: each block's
+  stdout, by its number. The same blocks on two pages (the README's example opens three)
+  run once."""
+  if blocks in _SESSIONS_RUN:
+    return _SESSIONS_RUN[blocks]
+  result = subprocess.run(
+    [sys.executable, "-c", _SESSION],
+    input=json.dumps([name, blocks]),
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+    cwd=ROOT,
+  )
+  assert result.returncode == 0, f"{name}:\n{result.stderr[-3000:]}"
+  outputs = {}
+  for part in result.stdout.split("\x1eblock ")[1:]:
+    number, _, printed = part.partition("\n")
+    outputs[int(number)] = printed
+  _SESSIONS_RUN[blocks] = outputs
+  return outputs
+
+
+def page_outputs(path: str, timeout: float = 600) -> dict[int, str]:
+  """Every block of the page that runs, run in page order (:func:`sessions`): the stdout
+  of each, by block number. A block that fails fails the call, naming its page and
+  block in the traceback."""
+  outputs = {}
+  for blocks in sessions(path):
+    outputs |= _session_outputs(tuple(map(tuple, blocks)), path, timeout)
+  return outputs

@@ -2,8 +2,9 @@
 
 A leaf of three or more axes that some split of its axes would make a matrix above the
 rank is named in a warning with the :class:`~lordo_jax.MatrixAxes` that makes it
-low-rank; the warnings come at the first look at the tree (``init``), not at every trace;
-labelled trees are the user's choice and get none.
+low-rank, and the 2-D leaves left full-rank because ``min(p, q) <= rank`` are named in
+one notice; the warnings come at the first look at the tree (``init``), not at every
+trace; labelled trees are the user's choice and get none.
 """
 
 import warnings
@@ -70,3 +71,25 @@ def test_a_labelled_3d_leaf_warns_nothing():
 def test_no_warning_without_a_leaf_that_could_be_a_matrix_above_the_rank():
   tx = lordo_jax.low_rank_ddp(1e-2, rank=8)
   assert caught(tx.init, {k: PARAMS[k] for k in ("stack", "w", "b")}) == []
+
+
+def test_2d_leaves_at_or_below_the_rank_are_named_once_as_left_full_rank():
+  params = {"w": jnp.ones((64, 32)), "narrow": jnp.ones((64, 8)), "b": jnp.zeros(32)}
+  tx = lordo_jax.lordo(1e-2, rank=12, sync_every=2)
+  (message,) = caught(tx.init, params)
+  assert message.startswith("lordo: rank=12 leaves these 2-D leaves full-rank"), message
+  assert "['narrow'] 64 x 8" in message and "['w']" not in message
+  state = tx.init(params)
+  bases = lordo_jax.projections(state)
+  assert bases["narrow"] is None and bases["w"].shape == (64, 12)  # What it says, it does.
+  grads = jax.tree.map(jnp.ones_like, params)
+  assert caught(jax.jit(tx.update), grads, state, params) == []  # Not at each trace.
+
+
+def test_no_notice_when_every_matrix_is_low_rank_or_labelled():
+  params = {"w": jnp.ones((64, 32)), "v": jnp.ones((16, 48)), "b": jnp.zeros(32)}
+  assert caught(lordo_jax.lordo(1e-2, rank=12, sync_every=2).init, params) == []
+  narrow = params | {"narrow": jnp.ones((64, 8))}
+  labels = {"w": True, "v": True, "b": False, "narrow": False}
+  tx = lordo_jax.low_rank_ddp(1e-2, rank=12, low_rank_labels=labels)
+  assert caught(tx.init, narrow) == []

@@ -195,6 +195,41 @@ def test_state_keeps_structure_shapes_and_dtypes_across_updates():
   assert all(jax.tree.leaves(same))
 
 
+PUBLIC_OPTIMIZERS = {
+  "lordo": lambda: lordo_jax.lordo(1e-2, rank=2, sync_every=2, error_feedback=True),
+  "lordo_dct": lambda: lordo_jax.lordo(1e-2, rank=2, sync_every=2, projection="dct"),
+  "lordo_two_sided": lambda: lordo_jax.lordo(1e-2, rank=2, sync_every=2, two_sided=True),
+  "lordo_overlap_int8": lambda: lordo_jax.lordo(
+    1e-2, rank=2, sync_every=4, overlap=1, fragments=2, compression="int8"
+  ),
+  "lordo_local_projection": lambda: lordo_jax.lordo_local_projection(1e-2, rank=2, sync_every=2),
+  "lordo_global_projection_only": lambda: lordo_jax.lordo_global_projection_only(
+    1e-2, rank=2, sync_every=2
+  ),
+  "low_rank_ddp_projected": lambda: lordo_jax.low_rank_ddp(
+    1e-2, rank=2, refresh_every=2, communicate="projected"
+  ),
+  "ddp": lambda: lordo_jax.ddp(1e-2),
+  "diloco": lambda: lordo_jax.diloco(1e-2, sync_every=2),
+  "local_adam": lambda: lordo_jax.local_adam(1e-2, sync_every=2),
+  "desloc": lambda: lordo_jax.desloc(1e-2, sync_every=2),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLIC_OPTIMIZERS))
+def test_update_returns_the_state_init_gives_weak_types_included(name):
+  """What ``jit`` keys a program on: the tree, each leaf's shape, dtype and weak type."""
+  tx = PUBLIC_OPTIMIZERS[name]()
+  avals = lambda tree: [  # noqa: E731
+    (jax.tree_util.keystr(path), x.shape, x.dtype, x.weak_type)
+    for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]
+  ]
+  before = jax.eval_shape(tx.init, PARAMS)
+  after = jax.eval_shape(lambda s: tx.update(PARAMS, s, PARAMS)[1], before)
+  assert jax.tree.structure(after) == jax.tree.structure(before)
+  assert avals(after) == avals(before)
+
+
 def test_update_without_params_says_what_to_do():
   tx = lordo_jax.lordo(1e-2, rank=2, sync_every=2)
   state = tx.init(PARAMS)

@@ -180,7 +180,7 @@ def test_another_rank_names_the_leaves_in_one_screen(saved):
     checkpoint.restore(directory, SAVED_AT, nnx.state(model), nnx.state(optimizer))
   message = str(raised.value)
   assert "another shape or dtype (another rank?)" in message
-  assert "['kernel'].value['basis']: float32(16, 2) in the checkpoint" in message
+  assert "['kernel']['basis'].value: float32(16, 2) in the checkpoint" in message
   assert len(message.splitlines()) <= 24  # one screen
   assert raised.value.__cause__ is None
 
