@@ -168,7 +168,7 @@ def projections(state: Any) -> Any:
       return columns(indices)
     return basis
 
-  return jax.tree.map(matrix, nodes[0].moments, is_leaf=_is_entry)
+  return jax.tree.map(matrix, nodes[0].moments.matrices(), is_leaf=_is_entry)
 
 
 def _is_entry(x) -> bool:
