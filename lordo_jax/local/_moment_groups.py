@@ -43,6 +43,12 @@ class MatrixLayout:
   # stacked over workers outside the step).
   cores: tuple[tuple[int, ...], ...]
 
+  def same_matrices(self, other: "MatrixLayout") -> bool:
+    """Whether ``other`` stores the same matrices in the same groups (whatever the
+    fields each holds: an error buffer or none)."""
+    mine = (self.treedef, self.matrices, self.groups, self.batch_shapes)
+    return mine == (other.treedef, other.matrices, other.groups, other.batch_shapes)
+
   def group_of(self, i: int) -> int:
     """The group of matrix ``i``."""
     for g, members in enumerate(self.groups):
