@@ -1,12 +1,13 @@
 """A state re-wrapped by a framework, put back in the structure its ``init`` made.
 
 Flax's ``nnx.Optimizer`` stores the optimizer state as ``nnx.State``: a NamedTuple
-that sits in a parameter's slot (a :class:`~lordo_jax.LowRankMoments`, a basis)
-comes back from its first ``update`` as a dict of the same fields. :func:`conformed`
-makes an ``update`` accept such a state: its leaves are matched, by the names on their
-paths (a NamedTuple field and a dict key of the same name are one name), to the
-structure ``init`` gives for the update's gradients. A state in that structure
-already is passed on untouched.
+that sits in a parameter's slot comes back from its first ``update`` as a dict of the
+same fields. :func:`conformed` makes an ``update`` accept such a state: its leaves are
+matched, by the names on their paths (a NamedTuple field and a dict key of the same
+name are one name), to the structure ``init`` gives for the update's gradients. A state
+in that structure already is passed on untouched. :func:`unwrapped` gives a tree read
+from the structure ``init`` recorded (Flax's ``nnx.Param`` wrappers included) as plain
+values.
 """
 
 from collections.abc import Callable
@@ -47,6 +48,14 @@ def restructured(state: Any, template: Any, who: str) -> Any:
       "returned (or its updates), for parameters shaped like the gradients."
     )
   return treedef.unflatten([given[names] for names in wanted])
+
+
+def unwrapped(tree: Any) -> Any:
+  """``tree`` with every array wrapper as its value: an object that wraps one value and
+  says so by ``__jax_array__`` (Flax's ``nnx.Param``; ``nnx.Optimizer`` passes them to
+  ``init``, so a structure the state records holds them, and their values to ``update``)."""
+  wraps = lambda x: hasattr(x, "__jax_array__") and not isinstance(x, jax.Array)  # noqa: E731
+  return jax.tree.map(lambda x: x.__jax_array__() if wraps(x) else x, tree, is_leaf=wraps)
 
 
 def conformed(init: Callable, update: Callable, who: str) -> Callable:

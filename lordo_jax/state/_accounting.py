@@ -6,7 +6,6 @@ log. A state stacked over workers (a leading worker axis, as ``pmap`` and
 """
 
 import math
-from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -16,10 +15,10 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec
 
 from lordo_jax import _sharded as sharded
+from lordo_jax import _tree_structure as state_structure
 from lordo_jax.comm import _collectives as collectives
 from lordo_jax.local import _low_rank_adam as low_rank_lib
 from lordo_jax.local import _projection as projection_lib
-from lordo_jax.local.bases.two_sided import TwoSidedBasis
 from lordo_jax.round import _offload as offload_lib
 from lordo_jax.round import _synchronize as sync_lib
 
@@ -156,44 +155,20 @@ def projections(state: Any) -> Any:
   def matrix(m):
     if isinstance(m, optax.MaskedNode):
       return None
-    basis = _basis_of(m)
-    if isinstance(basis, projection_lib.DCTBasis):
-      columns = lambda i: projection_lib.dct_columns(i, basis.size)  # noqa: E731
-      for _ in range(basis.indices.ndim - 1):
+    if isinstance(m.basis, projection_lib.DCTBasis):
+      columns = lambda i: projection_lib.dct_columns(i, m.basis.size)  # noqa: E731
+      for _ in range(m.basis.indices.ndim - 1):
         columns = jax.vmap(columns)
-      indices = basis.indices
+      indices = m.basis.indices
       if sharded.is_sharded(indices):  # Stacked over an Explicit worker axis: read whole.
         whole = NamedSharding(jax.typeof(indices).sharding.mesh, PartitionSpec())
         indices = jax.sharding.reshard(indices, whole)
       return columns(indices)
-    return basis
-
-  return jax.tree.map(matrix, nodes[0].moments.matrices(), is_leaf=_is_entry)
-
-
-def _is_entry(x) -> bool:
-  """A matrix's moments (or a MaskedNode), also as the dict Flax's ``nnx.State`` makes
-  (without its ``error`` where that holds no array: error feedback off)."""
-  if isinstance(x, (low_rank_lib.LowRankMoments, optax.MaskedNode)):
-    return True
-  fields = set(low_rank_lib.LowRankMoments._fields)
-  return isinstance(x, Mapping) and fields - {"error"} <= set(x) <= fields
-
-
-def _basis_of(m) -> Any:
-  """The basis of one matrix's moments, a NamedTuple or the dict ``nnx.State`` makes."""
-  if not isinstance(m, Mapping):
     return m.basis
-  basis = m["basis"]
-  if isinstance(basis, Mapping) and set(basis) == set(TwoSidedBasis._fields):
-    return TwoSidedBasis(**basis)
-  if isinstance(basis, Mapping):
-    raise ValueError(
-      "projections: this state was re-wrapped by Flax (nnx.State), which drops a DCT "
-      "basis's size; read the bases from a state the optimizer returned (tx.update) "
-      "or from a plain optax loop."
-    )
-  return basis
+
+  is_entry = lambda x: isinstance(x, (low_rank_lib.LowRankMoments, optax.MaskedNode))  # noqa: E731
+  bases = jax.tree.map(matrix, nodes[0].moments.matrices(), is_leaf=is_entry)
+  return state_structure.unwrapped(bases)  # Plain values, not the params' wrappers.
 
 
 def _tree_bytes(tree: Any) -> int:
