@@ -10,6 +10,7 @@ from lordo_jax.comm import Ledger
 from lordo_jax.comm import counted_pmean
 from lordo_jax.comm import worker_disagreement
 from lordo_jax.local import DCTBasis
+from lordo_jax.local import GroupedMoments
 from lordo_jax.local import LowRankAdam
 from lordo_jax.local import LowRankAdamState
 from lordo_jax.local import LowRankMoments
@@ -52,6 +53,7 @@ __version__ = "0.1.0"
 __all__ = [
   "AverageGradientsState",
   "DCTBasis",
+  "GroupedMoments",
   "Ledger",
   "LowRankAdam",
   "LowRankAdamState",

@@ -13,7 +13,8 @@ it, and the updates go back in the caller's structure with :func:`like`.
 (``nnx.state`` of a state, a checkpoint restored without a target): its leaves are
 matched, by the names on their paths (a NamedTuple field and a dict key of the same name
 are one name), to the structure ``init`` gives for the update's gradients. A state in
-that structure already is passed on untouched.
+that structure already is passed on untouched. :func:`unwrapped` gives a tree
+read from a structure that holds Flax's ``nnx.Param`` wrappers as plain values.
 """
 
 import sys
@@ -70,6 +71,14 @@ def restructured(state: Any, template: Any, who: str) -> Any:
       "returned (or its updates), for parameters shaped like the gradients."
     )
   return treedef.unflatten([given[names] for names in wanted])
+
+
+def unwrapped(tree: Any) -> Any:
+  """``tree`` with every array wrapper as its value: an object that wraps one value and
+  says so by ``__jax_array__`` (Flax's ``nnx.Param``; ``nnx.Optimizer`` passes them to
+  ``init``, so a structure the state records holds them, and their values to ``update``)."""
+  wraps = lambda x: hasattr(x, "__jax_array__") and not isinstance(x, jax.Array)  # noqa: E731
+  return jax.tree.map(lambda x: x.__jax_array__() if wraps(x) else x, tree, is_leaf=wraps)
 
 
 def conformed(init: Callable, update: Callable, who: str) -> Callable:

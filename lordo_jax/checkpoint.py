@@ -12,6 +12,8 @@ trees it is restored into raises :class:`CheckpointMismatchError`. Usage::
 import os
 from collections.abc import Iterator
 from typing import Any
+from typing import Protocol
+from typing import runtime_checkable
 
 import jax
 import numpy as np
@@ -143,6 +145,55 @@ def _without_empty_extras(saved: list[dict], like: Any) -> list[dict]:
   where it is ``()``)."""
   target = {_normalised(leaf) for leaf in _describe(like)}
   return [leaf for leaf in saved if _normalised(leaf) in target or 0 not in leaf["shape"]]
+
+
+@runtime_checkable
+class StoredPerGroup(Protocol):
+  """A state node stored in groups that checkpoints before it held per matrix (the
+  low-rank state, ``LowRankAdamState.moments``): a checkpoint of that older layout
+  restores into it through its per-matrix view."""
+
+  def matrices(self) -> Any:
+    """The node's state per matrix: a tree, as older checkpoints hold it."""
+    ...
+
+  def with_matrices(self, tree: Any) -> Any:
+    """The node holding the per-matrix state ``tree``."""
+    ...
+
+
+def _is_grouped(x) -> bool:
+  return isinstance(x, StoredPerGroup)
+
+
+def _per_matrix(like: Any) -> Any:
+  """``like`` with every :class:`StoredPerGroup` node in its per-matrix view."""
+  return jax.tree.map(lambda x: x.matrices() if _is_grouped(x) else x, like, is_leaf=_is_grouped)
+
+
+def _regrouped(like: Any, restored: Any) -> Any:
+  """Inverse of :func:`_per_matrix`: ``restored`` (in ``like``'s per-matrix view) in
+  ``like``'s structure."""
+  return jax.tree.map(
+    lambda x, r: x.with_matrices(r) if _is_grouped(x) else r, like, restored, is_leaf=_is_grouped
+  )
+
+
+def _fits(saved: list[dict], like: Any) -> bool:
+  try:
+    check_layout(saved, like, item="", where="")
+  except CheckpointMismatchError:
+    return False
+  return True
+
+
+def _older_layout(saved: list[dict], like: Any) -> bool:
+  """Whether ``saved`` is the layout of ``like`` before its low-rank state was stored
+  per group (:class:`StoredPerGroup`): per matrix."""
+  grouped = jax.tree.leaves(like, is_leaf=_is_grouped)
+  if not any(map(_is_grouped, grouped)) or _fits(saved, like):
+    return False
+  return _fits(saved, _per_matrix(like))
 
 
 def check_layout(
@@ -310,6 +361,9 @@ class Checkpointer:
     self.wait()
     layout = self.layout(step)
     where = f"{self.directory} (step {step})"
+    older = _older_layout(layout["opt_state"]["leaves"], opt_state_like)
+    if older:  # Saved per matrix: read into the per-matrix view, then regroup.
+      opt_state_like, grouped_like = _per_matrix(opt_state_like), opt_state_like
     likes = {"params": params_like, "opt_state": opt_state_like}
     for item, like in likes.items():
       saved = layout[item]
@@ -354,6 +408,8 @@ class Checkpointer:
           value if isinstance(x, (jax.Array, jax.ShapeDtypeStruct)) else np.asarray(value)
         )
       out.append(jax.tree.unflatten(jax.tree.structure(like), values))
+    if older:
+      out[1] = _regrouped(grouped_like, out[1])
     return out[0], out[1]
 
   def latest_step(self) -> int | None:
@@ -438,7 +494,10 @@ def restore(directory, step: int | None, params_like: Any, opt_state_like: Any):
   leaves; leaves with no elements, which are not written, come back as zeros of the
   target's sharding. Orbax's refusal of a target while reading (a ``ValueError``,
   ``TypeError`` or ``NotImplementedError``) is raised again as a one-line
-  :class:`CheckpointMismatchError`; an I/O error is raised as it is.
+  :class:`CheckpointMismatchError`; an I/O error is raised as it is. A checkpoint saved
+  when the low-rank state was stored per matrix (before it was stored per shape group,
+  :class:`StoredPerGroup`) restores into today's state: it is read into the state's
+  per-matrix view and stacked again.
 
   Args:
     directory: the folder :func:`save` wrote to (a path or a string).

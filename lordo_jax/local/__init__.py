@@ -11,6 +11,7 @@ from lordo_jax.local._low_rank_adam import LowRankAdamState
 from lordo_jax.local._low_rank_adam import LowRankMoments
 from lordo_jax.local._low_rank_adam import scale_by_low_rank_adam
 from lordo_jax.local._low_rank_options import LowRankOptions
+from lordo_jax.local._moment_groups import GroupedMoments
 from lordo_jax.local._precision import in_float32
 from lordo_jax.local._projection import DCTBasis
 from lordo_jax.local._projection import compute_projection
@@ -21,6 +22,7 @@ from lordo_jax.local._two_sided_projection import TwoSidedBasis
 
 __all__ = [
   "DCTBasis",
+  "GroupedMoments",
   "LowRankAdam",
   "LowRankAdamState",
   "LowRankMoments",

@@ -23,12 +23,15 @@ from lordo_jax import _keywords as keywords
 from lordo_jax import _sharded as sharded
 from lordo_jax import _tree_structure as state_structure
 from lordo_jax.local import _low_rank_options as low_rank_options
+from lordo_jax.local import _moment_groups as moment_groups
 from lordo_jax.local import _moment_transport as moment_transport
 from lordo_jax.local import _routing as routing
 from lordo_jax.local import _shape_groups as shape_groups
 from lordo_jax.local import bases as bases_lib
+from lordo_jax.local._moment_groups import GroupedMoments
+from lordo_jax.local._quasi_hyperbolic import full_rank_scale
 from lordo_jax.local._quasi_hyperbolic import qh_momentum
-from lordo_jax.local._quasi_hyperbolic import quasi_hyperbolic_mix
+from lordo_jax.local._quasi_hyperbolic import scaled_mix
 from lordo_jax.local.bases.dct import DCTBasis
 from lordo_jax.local.bases.two_sided import TwoSidedBasis
 
@@ -36,7 +39,8 @@ INIT_PROJECTIONS = ("gradient", "random", "external")
 
 
 class LowRankMoments(NamedTuple):
-  """Low-rank Adam state of one matrix (MATH.md §2's shapes)."""
+  """Low-rank Adam state of one matrix (MATH.md §2's shapes), or of a shape group's
+  matrices stacked along a leading axis (:class:`GroupedMoments`)."""
 
   # Q (p x r left, q x r right) float32, a DCTBasis, or a TwoSidedBasis (U and V).
   basis: jax.Array | DCTBasis | TwoSidedBasis
@@ -51,7 +55,8 @@ class LowRankAdamState(NamedTuple):
   """State of :func:`scale_by_low_rank_adam`."""
 
   count: jax.Array  # int32 scalar: steps taken.
-  moments: Any  # Like params: LowRankMoments per matrix, optax.MaskedNode elsewhere.
+  # LowRankMoments per shape group, stacked; .matrices(): a tree like params, per matrix.
+  moments: GroupedMoments
   refresh_failures: jax.Array  # int32 scalar: refreshes that kept the old basis.
 
 
@@ -106,12 +111,6 @@ def _listed(moments, tree) -> list:
   entries = []
   map_matrices(lambda m, x: entries.append(x), moments, tree)
   return entries
-
-
-def _unlisted(moments, entries: list):
-  """Inverse of :func:`_listed`: a tree like ``moments`` holding ``entries``."""
-  entries = iter(entries)
-  return map_matrices(lambda m: next(entries), moments)
 
 
 class _Config(NamedTuple):
@@ -203,29 +202,40 @@ def _init(c: _Config, params) -> LowRankAdamState:
   leaves, treedef = jax.tree.flatten(params, is_leaf=is_masked)
   keys = list(jax.random.split(jax.random.key(c.seed), max(len(leaves), 1)))
   keyed = jax.tree.unflatten(treedef, keys[: len(leaves)])
+  axes = _axes_of(c, params)
   moments = jax.tree.map(
     lambda x, a, k: x if is_masked(x) else _init_leaf(c, x, a, k),
     params,
-    _axes_of(c, params),
+    axes,
     keyed,
     is_leaf=is_masked,
   )
+  matrices = [
+    routing.to_matrix(x, a)
+    for x, a in zip(_listed(moments, params), _listed(moments, axes), strict=True)
+  ]
+  grouped = GroupedMoments.of(
+    moments,
+    lambda x: isinstance(x, LowRankMoments),
+    shape_groups.groups(matrices),
+    [x.shape[:-2] for x in matrices],
+  )
   return LowRankAdamState(
     count=jnp.zeros([], jnp.int32),
-    moments=moments,
+    moments=grouped,
     refresh_failures=jnp.zeros([], jnp.int32),
   )
 
 
-def _leaf_keys(c: _Config, moments, count, source):
-  """One PRNG key per matrix (an array of them for a leaf holding a batch of matrices),
-  from the seed and the step: alike on every worker."""
-  leaves, treedef = jax.tree.flatten(moments, is_leaf=_is_node)
+def _matrix_keys(c: _Config, moments: GroupedMoments, count, present: list[int]) -> dict:
+  """One PRNG key per matrix of ``present`` (an array of them for a leaf holding a batch
+  of matrices), from the seed, the step and the matrix's leaf: alike on every worker."""
   base = jax.random.fold_in(jax.random.key(c.seed + 1), count)
-  keys = [jax.random.fold_in(base, i) for i in range(len(leaves))]
-  keyed = jax.tree.unflatten(treedef, keys)
-  batched = lambda m, key, x, a: _per_matrix(key, routing.batch_shape(x.shape, a))  # noqa: E731
-  return map_matrices(batched, moments, keyed, source, _axes_of(c, source))
+  layout = moments.layout
+  return {
+    i: _per_matrix(jax.random.fold_in(base, layout.matrices[i]), layout.batch_shapes[i])
+    for i in present
+  }
 
 
 class _Refreshed(NamedTuple):
@@ -260,46 +270,46 @@ def _refresh(c: _Config, state, source, *, first=False, mean=lambda xs: xs) -> L
   """:attr:`LowRankAdam.refresh`: new bases from ``source`` (its workers' ``mean``); a
   matrix whose ``source`` leaf is ``optax.MaskedNode`` keeps its basis and moments.
 
-  The matrices of one shape and layout (a transformer's layers) are stacked and
-  refreshed, moments and all, in one batched computation per group.
+  Each shape group's matrices (those of them in ``source``) are refreshed, moments and
+  all, in one batched computation, on the group's stacks.
   """
   source = state_structure.values(source)
-  masked = lambda x: isinstance(x, optax.MaskedNode)  # noqa: E731
-  moments = map_matrices(lambda m, x: optax.MaskedNode() if masked(x) else m, state.moments, source)
-  source = map_matrices(lambda m, x: x, moments, source)
-  axes = _listed(moments, _axes_of(c, source))
-  matrices = [routing.to_matrix(x, a) for x, a in zip(_listed(moments, source), axes, strict=True)]
-  entries = [_Refreshed(m.basis, m.mu, m.nu) for m in _listed(moments, moments)]
-  keys = _listed(moments, _leaf_keys(c, moments, state.count, source))
-  batch_shapes = [x.shape[:-2] for x in matrices]
-  groups = shape_groups.groups(matrices)
+  moments: GroupedMoments = state.moments
+  leaves = moments.leaves_of(source)
+  present = [i for i, x in enumerate(leaves) if not isinstance(x, optax.MaskedNode)]
+  axes = moments.leaves_of(_axes_of(c, moments.tree_of(leaves)))
+  matrices = {i: routing.to_matrix(leaves[i], axes[i]) for i in present}
+  keys = _matrix_keys(c, moments, state.count, present)
+  batch_shapes = moments.layout.batch_shapes
+  groups = [[i for i in group if i in matrices] for group in moments.layout.groups]
+  groups = [group for group in groups if group]
 
-  def stacked(items: list, group: list[int]):
+  def stacked(items, group: list[int]):  # Along one axis, a group of one matrix too.
     return shape_groups.stack([items[i] for i in group], [batch_shapes[i] for i in group])
 
+  def flat(part, group: list[int]):  # A group's state as stacked() stacks it.
+    return part if len(group) > 1 else stacked({group[0]: part}, group)
+
+  entries = [flat(moments.take(group), group) for group in groups]
   strategies = [c.method.strategy(*matrices[group[0]].shape[-2:]) for group in groups]
   results = c.method.bases_of_mean(
     strategies,
     [stacked(matrices, group) for group in groups],
-    [stacked([m.basis for m in entries], group) for group in groups],
+    [entry.basis for entry in entries],
     [stacked(keys, group) for group in groups],
     first,
     mean,
   )
-  new, failures = {}, jnp.zeros([], jnp.int32)
-  for s, group, (basis, ok) in zip(strategies, groups, results, strict=True):
-    moved = _transported(c, s, stacked(entries, group), basis, ok, state.count, first)
-    new.update(
-      zip(group, shape_groups.unstack(moved, [batch_shapes[i] for i in group]), strict=True)
-    )
+  parts, failures = {}, jnp.zeros([], jnp.int32)
+  for s, group, entry, (basis, ok) in zip(strategies, groups, entries, results, strict=True):
+    old = _Refreshed(entry.basis, entry.mu, entry.nu)
+    moved = LowRankMoments(*_transported(c, s, old, basis, ok, state.count, first), entry.error)
+    if len(group) == 1:
+      moved = shape_groups.unstack(moved, [batch_shapes[group[0]]])[0]
+    parts[tuple(group)] = moved
     failures = failures + jnp.sum((~ok).astype(jnp.int32))
-  old = _listed(moments, moments)
-  new = [LowRankMoments(*new[i], old[i].error) for i in range(len(old))]
-  refreshed = _unlisted(moments, new)
-  kept = lambda old, x: old if masked(x) else x  # noqa: E731
   return state._replace(
-    moments=jax.tree.map(kept, state.moments, refreshed, is_leaf=_is_node),
-    refresh_failures=state.refresh_failures + failures,
+    moments=moments.put(parts), refresh_failures=state.refresh_failures + failures
   )
 
 
@@ -314,27 +324,23 @@ def _refresh_due(c: _Config, count):
 
 
 class _Listed(NamedTuple):
-  """A step's matrices in leaf order, and their shape groups (:mod:`._shape_groups`)."""
+  """A step's matrices in leaf order, and the groups of them it steps at once."""
 
-  moments: list  # LowRankMoments per matrix.
+  moments: GroupedMoments  # The state, stored per shape group.
   leaves: list  # The updates' leaves.
   axes: list  # Their MatrixAxes.
   matrices: list  # Their (*batch, p, q) matrices.
-  groups: list[list[int]]  # Indices of the matrices stepped in one batched computation.
+  groups: list[list[int]]  # Shape groups (batched), or one matrix each (per matrix).
 
-  def stacked(self, items: list, group: list[int]):
-    """``items`` (one tree per matrix) of ``group`` along one leading axis; a group of
-    one leaf is that leaf's own item."""
-    if len(group) == 1:
-      return items[group[0]]
+  def stacked(self, items, group: list[int]):
+    """``items`` (one tree per matrix) of ``group`` along one leading axis, as a group's
+    state is stored (:func:`._moment_groups.stacked`)."""
     shapes = [self.matrices[i].shape[:-2] for i in group]
-    return shape_groups.stack([items[i] for i in group], shapes)
+    return moment_groups.stacked([items[i] for i in group], shapes)
 
   def unstacked(self, tree, group: list[int]) -> list:
     """Inverse of :meth:`stacked`: one tree per matrix of ``group``."""
-    if len(group) == 1:
-      return [tree]
-    return shape_groups.unstack(tree, [self.matrices[i].shape[:-2] for i in group])
+    return moment_groups.unstacked(tree, [self.matrices[i].shape[:-2] for i in group])
 
 
 def _grouped(c: _Config, state, updates, compute: Callable[[_Listed], Any]) -> Any:
@@ -342,12 +348,13 @@ def _grouped(c: _Config, state, updates, compute: Callable[[_Listed], Any]) -> A
   the program is compiled for steps them (:func:`._shape_groups.step_grouped`: traced
   once per grouping where they differ). The one place a local step's grouping is chosen:
   ``compute`` gives a tree that does not depend on it."""
-  axes = _listed(state.moments, _axes_of(c, updates))
-  leaves = _listed(state.moments, updates)
+  moments: GroupedMoments = state.moments
+  axes = moments.leaves_of(_axes_of(c, updates))
+  leaves = moments.leaves_of(updates)
   matrices = [routing.to_matrix(g, a) for g, a in zip(leaves, axes, strict=True)]
-  moments = _listed(state.moments, state.moments)
   return shape_groups.step_grouped(
-    matrices, lambda groups: compute(_Listed(moments, leaves, axes, matrices, groups))
+    [list(group) for group in moments.layout.groups],
+    lambda groups: compute(_Listed(moments, leaves, axes, matrices, groups)),
   )
 
 
@@ -364,76 +371,59 @@ def _projected_by_group(c: _Config, listed: _Listed) -> list[_GroupProjection]:
   projected = []
   for group in listed.groups:
     s = c.method.strategy(*listed.matrices[group[0]].shape[-2:])
-    q = s.dense(listed.stacked([m.basis for m in listed.moments], group))
+    kept = listed.moments.take(group)
+    q = s.dense(kept.basis)
     fed = listed.stacked(listed.matrices, group).astype(jnp.float32)
     if not c.options.error_feedback:
       projected.append(_GroupProjection(s.project(q, fed), None, q))
       continue
-    errors = listed.stacked([m.error for m in listed.moments], group)
-    fed = fed + errors.astype(jnp.float32)
+    fed = fed + kept.error.astype(jnp.float32)
     coordinates = s.project(q, fed)
-    new_errors = (fed - s.unproject(q, coordinates)).astype(errors.dtype)
+    new_errors = (fed - s.unproject(q, coordinates)).astype(kept.error.dtype)
     projected.append(_GroupProjection(coordinates, new_errors, q))
   return projected
 
 
 def _stepped_by_group(c: _Config, listed: _Listed, count, projected: list[_GroupProjection]):
-  """The moments and the direction of every matrix from its group's coordinates."""
-  directions, moments = [None] * len(listed.leaves), [None] * len(listed.leaves)
+  """Every matrix's direction, and each group's new state, from its coordinates.
+
+  The moments of a group are updated on its stacks, in place; the full-rank term is
+  formed from each matrix's own gradient, so that the stacked gradient is dead after
+  the projection (its buffer then holds the low-rank direction).
+  """
+  o = c.options
+  directions, parts = [None] * len(listed.leaves), {}
   for group, p in zip(listed.groups, projected, strict=True):
     s = c.method.strategy(*listed.matrices[group[0]].shape[-2:])
-    # Each matrix's moments from its own buffers and its part of the coordinates, then
-    # stacked: every buffer is read once, by its own update, which XLA does in place
-    # (stacked first, each buffer read again after its update is written, XLA copies
-    # it: two copies per matrix).
-    new_mu_of, new_nu_of = {}, {}
-    for i, x in zip(group, listed.unstacked(p.coordinates, group), strict=True):
-      new_mu_of[i] = c.options.b1 * listed.moments[i].mu + (1 - c.options.b1) * x
-      new_nu_of[i] = c.options.b2 * listed.moments[i].nu + (1 - c.options.b2) * x**2
-    new_mu, new_nu = listed.stacked(new_mu_of, group), listed.stacked(new_nu_of, group)
-    denominator = jnp.sqrt(new_nu / (1 - c.options.b2**count)) + c.options.eps
-    numerator = qh_momentum(p.coordinates, new_mu / (1 - c.options.b1**count), c.options.qh_nu)
-    if c.options.low_rank_term == "adam":
+    kept = listed.moments.take(group)
+    new_mu = o.b1 * kept.mu + (1 - o.b1) * p.coordinates
+    new_nu = o.b2 * kept.nu + (1 - o.b2) * p.coordinates**2
+    denominator = jnp.sqrt(new_nu / (1 - o.b2**count)) + o.eps
+    numerator = qh_momentum(p.coordinates, new_mu / (1 - o.b1**count), o.qh_nu)
+    if o.low_rank_term == "adam":
       numerator = numerator / denominator
-    low_rank_direction = s.unproject(p.bases, numerator)
-    matrix = listed.stacked(listed.matrices, group).astype(jnp.float32)
-    if c.options.full_rank_numerator == "error_fed":
-      errors = listed.stacked([m.error for m in listed.moments], group)
-      matrix = matrix + errors.astype(jnp.float32)
-    direction = quasi_hyperbolic_mix(
-      matrix,
-      low_rank_direction,
-      denominator,
-      c.options.omega,
-      c.options.full_rank_rescale,
-      c.options.full_rank_scale,
-      side=s.side,
-    )
-    if p.errors is None:  # No error feedback: each matrix keeps its placeholder.
-      new_errors = [listed.moments[i].error for i in group]
-    else:
-      new_errors = listed.unstacked(p.errors, group)
-    unstacked = zip(
-      group,
-      listed.unstacked(direction, group),
-      [new_mu_of[i] for i in group],
-      [new_nu_of[i] for i in group],
-      new_errors,
-      strict=True,
-    )
-    for i, d, new_mu_i, new_nu_i, error in unstacked:
+    low_rank_directions = listed.unstacked(s.unproject(p.bases, numerator), group)
+    scales = listed.unstacked(full_rank_scale(denominator, o.full_rank_scale, s.side), group)
+    errors = listed.unstacked(kept.error, group)
+    for k, i in enumerate(group):
+      matrix = listed.matrices[i].astype(jnp.float32)
+      if o.full_rank_numerator == "error_fed":
+        matrix = matrix + errors[k].astype(jnp.float32)
+      low_rank_direction = low_rank_directions[k]
+      direction = scaled_mix(matrix, low_rank_direction, scales[k], o.omega, o.full_rank_rescale)
       g, a = listed.leaves[i], listed.axes[i]
-      directions[i] = routing.from_matrix(d, a, tuple(g.shape)).astype(g.dtype)
-      moments[i] = LowRankMoments(listed.moments[i].basis, new_mu_i, new_nu_i, error)
-  return directions, moments
+      directions[i] = routing.from_matrix(direction, a, tuple(g.shape)).astype(g.dtype)
+    error = kept.error if p.errors is None else p.errors  # Without error feedback: ().
+    parts[tuple(group)] = LowRankMoments(kept.basis, new_mu, new_nu, error)
+  return directions, parts
 
 
 def _stepped(c: _Config, state, listed: _Listed, projected: list[_GroupProjection]):
   """The directions (a tree like the updates) and the state after the step."""
   count = optax.safe_int32_increment(state.count)
-  directions, moments = _stepped_by_group(c, listed, count, projected)
-  moments = state._replace(count=count, moments=_unlisted(state.moments, moments))
-  return _unlisted(state.moments, directions), moments
+  directions, parts = _stepped_by_group(c, listed, count, projected)
+  new_state = state._replace(count=count, moments=state.moments.put(parts))
+  return state.moments.tree_of(directions), new_state
 
 
 def _projected(c: _Config, state, listed: _Listed) -> Projected:
@@ -443,11 +433,11 @@ def _projected(c: _Config, state, listed: _Listed) -> Projected:
   for group, p in zip(listed.groups, _projected_by_group(c, listed), strict=True):
     coordinates_of = listed.unstacked(p.coordinates, group)
     bases_of = listed.unstacked(p.bases, group)
-    errors_of = listed.unstacked(p.errors, group) if p.errors is not None else None
+    kept = listed.unstacked(listed.moments.take(group).error, group)
+    errors_of = kept if p.errors is None else listed.unstacked(p.errors, group)
     for k, i in enumerate(group):
-      coordinates[i], bases[i] = coordinates_of[k], bases_of[k]
-      errors[i] = listed.moments[i].error if errors_of is None else errors_of[k]
-  as_tree = functools.partial(_unlisted, state.moments)
+      coordinates[i], bases[i], errors[i] = coordinates_of[k], bases_of[k], errors_of[k]
+  as_tree = state.moments.tree_of
   return Projected(as_tree(coordinates), as_tree(errors), as_tree(bases))
 
 
@@ -459,9 +449,9 @@ def _project(c: _Config, updates, state) -> Projected:
 
 def _step(c: _Config, updates, state, projected: Projected):
   """:attr:`LowRankAdam.step`: the moments and the direction from given coordinates."""
-  coordinates = _listed(state.moments, projected.coordinates)
-  errors = _listed(state.moments, projected.errors)
-  bases = _listed(state.moments, projected.bases)
+  coordinates = state.moments.leaves_of(projected.coordinates)
+  errors = state.moments.leaves_of(projected.errors)
+  bases = state.moments.leaves_of(projected.bases)
 
   def step(listed: _Listed):
     groups = [
@@ -557,13 +547,15 @@ def scale_by_low_rank_adam(
   denominator are ``r x q`` on the left, ``p x r`` on the right and ``r x r`` two-sided
   (TSR-Adam: :math:`C = U^\top A V`, :math:`L = U X V^\top`,
   and the full-rank scale is then a scalar). Each basis matrix is formed once per step
-  and used by both products. A refresh stacks the matrices of one shape and layout and
-  computes their bases, and carries their moments, in one batched computation; a leaf
-  that is itself a stack of matrices (``matrix_axes`` with a ``batch`` axis, a scanned
-  model's ``(layers, p, q)`` kernel) is projected and stepped batched, each matrix with
-  its own basis and moments. Compiled for a GPU or TPU, the local step stacks the matrices
-  of one shape and layout too (a few kernels per shape, not per matrix); compiled for a
-  CPU, where stacking the gradients costs more than it saves, it steps one leaf at a time.
+  and used by both products. The state of the matrices of one shape and layout is stored
+  in one stack per group (:class:`GroupedMoments`; ``state.moments.matrices()`` gives it
+  per matrix). A refresh computes a group's bases, and carries its moments, in one
+  batched computation; a leaf that is itself a stack of matrices (``matrix_axes`` with a
+  ``batch`` axis, a scanned model's ``(layers, p, q)`` kernel) is projected and stepped
+  batched, each matrix with its own basis and moments. Compiled for a GPU or TPU, the
+  local step is batched by group too, on the stacks in place (a few kernels per shape,
+  not per matrix); compiled for a CPU, where stacking the gradients costs more than it
+  saves, it steps one leaf at a time, each on its slice of its group's stacks.
   The choice follows the platform the program is compiled for, not the host's
   (``jax.lax.platform_dependent``): a GPU program compiled ahead of time on a CPU
   host is batched.

@@ -80,6 +80,14 @@ def quasi_hyperbolic_mix(
   if isinstance(omega, (int, float)) and omega == 1:
     return low_rank_direction
   scale = full_rank_scale(denominator, kind, side)
+  return scaled_mix(gradient, low_rank_direction, scale, omega, mu)
+
+
+def scaled_mix(gradient: jax.Array, low_rank_direction: jax.Array, scale, omega, mu) -> jax.Array:
+  """:func:`quasi_hyperbolic_mix` with its scale ``s`` given (:func:`full_rank_scale`):
+  ``(1 - omega) G / (mu s) + omega L``, ``L`` itself at ``omega = 1``."""
+  if isinstance(omega, (int, float)) and omega == 1:
+    return low_rank_direction
   return (1 - omega) * (gradient / (mu * scale)) + omega * low_rank_direction
 
 

@@ -1,10 +1,10 @@
 """Matrices of one shape and layout, stacked: one batched computation per group.
 
 :func:`groups` partitions a list of matrices (each ``(*batch, p, q)``) by shape, layout
-and dtype (a refresh's groups); :func:`step_grouped` computes a local step with the
-grouping of the platform the program is compiled for; :func:`stack` puts a group's entries
-(trees whose leaves lead with their matrix's batch axes) along one leading axis, and
-:func:`unstack` takes them apart.
+and dtype (the groups a low-rank state is stored in); :func:`step_grouped` computes a
+local step with the grouping of the platform the program is compiled for; :func:`stack`
+puts a group's entries (trees whose leaves lead with their matrix's batch axes) along one
+leading axis, and :func:`unstack` takes them apart.
 """
 
 import math
@@ -47,10 +47,11 @@ PER_MATRIX_STEP_PLATFORMS = ("cpu",)
 FORCED_STEP_GROUPING: str | None = None
 
 
-def step_grouped(matrices: list[jax.Array], step: Callable[[list[list[int]]], Any]) -> Any:
-  """``step(groups)``, the local step of ``matrices`` computed with ``groups`` the indices
-  stepped at once: one matrix each on a platform of :data:`PER_MATRIX_STEP_PLATFORMS`,
-  the shape groups (:func:`groups`) on any other.
+def step_grouped(batched: list[list[int]], step: Callable[[list[list[int]]], Any]) -> Any:
+  """``step(groups)``, the local step of the matrices that ``batched`` groups (their
+  shape groups, :func:`groups`) computed with ``groups`` the indices stepped at once: one
+  matrix each on a platform of :data:`PER_MATRIX_STEP_PLATFORMS`, ``batched`` on any
+  other.
 
   The platform is the one the program is lowered for, not the host's: a GPU program
   compiled on a CPU host (deviceless ahead-of-time compilation) is batched. The step is
@@ -59,8 +60,8 @@ def step_grouped(matrices: list[jax.Array], step: Callable[[list[list[int]]], An
   (no two matrices share a group), or :data:`FORCED_STEP_GROUPING` names one, the step is
   traced once, with no choice in the program.
   """
-  per_matrix = [[i] for i in range(len(matrices))]
-  batched = groups(matrices)
+  per_matrix = [[i] for group in batched for i in group]
+  per_matrix.sort()
   if FORCED_STEP_GROUPING is not None:
     return step({"per_matrix": per_matrix, "batched": batched}[FORCED_STEP_GROUPING])
   if batched == per_matrix:

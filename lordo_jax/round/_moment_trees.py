@@ -48,16 +48,16 @@ def moment_tree(inner_state: Any, field: str, fragment: Any = None) -> Any:
   The Adam-like nodes :func:`lordo_jax.synchronize` finds in the state of the optimizer
   it wraps are ``optax.ScaleByAdamState`` (moments shaped like the params) and
   :class:`~lordo_jax.LowRankAdamState` (a :class:`~lordo_jax.LowRankMoments` per
-  matrix); both hold trees shaped like the params, with ``optax.MaskedNode()`` where
-  ``optax.partition`` routed a leaf elsewhere. Only the leaves in ``fragment`` are
-  taken (:func:`select`).
+  shape group, read per matrix: ``GroupedMoments.matrices``); both give trees shaped
+  like the params, with ``optax.MaskedNode()`` where ``optax.partition`` routed a leaf
+  elsewhere. Only the leaves in ``fragment`` are taken (:func:`select`).
   """
 
   def pick(node):
     if isinstance(node, optax.ScaleByAdamState):
       return select(getattr(node, field), fragment)
     if isinstance(node, low_rank_lib.LowRankAdamState):
-      moments = select(node.moments, fragment)
+      moments = select(node.moments.matrices(), fragment)
       return low_rank_lib.map_matrices(lambda m: getattr(m, field), moments)
     return None
 
@@ -75,7 +75,8 @@ def with_moments(inner_state: Any, field: str, moments: Any) -> Any:
       def one(m, x):
         return m if isinstance(x, optax.MaskedNode) else m._replace(**{field: x})
 
-      return node._replace(moments=low_rank_lib.map_matrices(one, node.moments, new))
+      matrices = low_rank_lib.map_matrices(one, node.moments.matrices(), new)
+      return node._replace(moments=node.moments.with_matrices(matrices))
     return node
 
   return jax.tree.map(put, inner_state, moments, is_leaf=_is_moment_node)
@@ -109,4 +110,4 @@ def low_rank_leaves(inner_state, tree):
   node = low_rank_state(inner_state)
   if node is None:
     return None
-  return low_rank_lib.map_matrices(lambda m, x: x, node.moments, tree)
+  return node.moments.tree_of(node.moments.leaves_of(tree))

@@ -497,7 +497,7 @@ def _errors_dropped_if_absent(inner_state, present):
   def drop(m):
     return m._replace(error=jax.tree.map(lambda e: jnp.where(present, e, 0), m.error))
 
-  moments = low_rank_lib.map_matrices(drop, node.moments)
+  moments = node.moments.map_groups(drop)  # Elementwise: on the groups' stacks.
   return moment_trees.with_low_rank_state(inner_state, node._replace(moments=moments))
 
 

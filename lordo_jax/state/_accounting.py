@@ -161,20 +161,20 @@ def projections(state: Any) -> Any:
   def matrix(m):
     if isinstance(m, optax.MaskedNode):
       return None
-    basis = m.basis
-    if isinstance(basis, projection_lib.DCTBasis):
-      columns = lambda i: projection_lib.dct_columns(i, basis.size)  # noqa: E731
-      for _ in range(basis.indices.ndim - 1):
+    if isinstance(m.basis, projection_lib.DCTBasis):
+      columns = lambda i: projection_lib.dct_columns(i, m.basis.size)  # noqa: E731
+      for _ in range(m.basis.indices.ndim - 1):
         columns = jax.vmap(columns)
-      indices = basis.indices
+      indices = m.basis.indices
       if sharded.is_sharded(indices):  # Stacked over an Explicit worker axis: read whole.
         whole = NamedSharding(jax.typeof(indices).sharding.mesh, PartitionSpec())
         indices = jax.sharding.reshard(indices, whole)
       return columns(indices)
-    return basis
+    return m.basis
 
   is_entry = lambda x: isinstance(x, (low_rank_lib.LowRankMoments, optax.MaskedNode))  # noqa: E731
-  return jax.tree.map(matrix, nodes[0].moments, is_leaf=is_entry)
+  bases = jax.tree.map(matrix, nodes[0].moments.matrices(), is_leaf=is_entry)
+  return tree_structure.unwrapped(bases)  # Plain values, not the params' wrappers.
 
 
 def _tree_bytes(tree: Any) -> int:

@@ -5,6 +5,7 @@ the run, optimizer state included (``docs/FIDELITY.md``, point 1); the function'
 docstring has the table of what is taken and what is kept.
 """
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -67,14 +68,15 @@ def _take(source: Any, target: Any, moments: str) -> Any:
   """``target`` (an inner optimizer state) with the source's counter, bases and moments."""
   taken = {"count": source.count}
   if isinstance(target, low_rank_lib.LowRankAdamState):
-    structure = lambda s: jax.tree.structure(s.moments, is_leaf=is_matrix_state)  # noqa: E731
-    if structure(source) != structure(target):
+    old, new = source.moments, target.moments
+    if not old.layout.same_matrices(new.layout):
       raise ValueError(
         f"{_WHO}: the source's low-rank matrices are not the target's; warm-start from "
         "a state of the same model, rank and low-rank leaves."
       )
-    taken["moments"] = jax.tree.map(
-      lambda s, t: _matrix(s, t, moments), source.moments, target.moments, is_leaf=is_matrix_state
+    groups = zip(old.groups, new.groups, strict=True)  # Per shape group, stacked alike.
+    taken["moments"] = dataclasses.replace(
+      new, groups=tuple(_matrix(s, t, moments) for s, t in groups)
     )
   elif isinstance(target, optax.ScaleByAdamState):
     taken |= _moments(source, target, moments)

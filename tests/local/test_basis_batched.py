@@ -104,7 +104,7 @@ def test_low_rank_adam_on_same_shape_matrices_equals_it_on_each_alone(projection
     state = tx.init(tree_grads[0])
     for g in tree_grads:
       updates, state = jax.jit(tx.update)(g, state)
-    return updates, state.moments
+    return updates, state.moments.matrices()
 
   together = run(grads)
   for n in names:
@@ -137,7 +137,10 @@ def test_a_stacked_leaf_with_batch_axes_equals_its_matrices_as_leaves(projection
   separate_updates, separate_state = run(plain, separate)
   for i in range(3):
     _close(stacked_updates["kernel"][i], separate_updates[f"layer{i}"], atol=5e-5)
-    m, want = stacked_state.moments["kernel"], separate_state.moments[f"layer{i}"]
+    m, want = (
+      stacked_state.moments.matrices()["kernel"],
+      separate_state.moments.matrices()[f"layer{i}"],
+    )
     basis = jax.tree.map(lambda b, i=i: b[i], m.basis)
     _close((basis, m.mu[i], m.nu[i]), (want.basis, want.mu, want.nu), atol=5e-5)
 
@@ -189,8 +192,8 @@ def test_a_sharded_group_is_refreshed_as_the_unsharded_one(projection, explicit)
     split = {k: jax.device_put(x, NamedSharding(mesh, specs[k])) for k, x in params.items()}
     got = run(split)
   for k in params:
-    _close(got.moments[k].basis, want.moments[k].basis, atol=5e-5)
-    _close(got.moments[k].mu, want.moments[k].mu, atol=5e-5)
+    _close(got.moments.matrices()[k].basis, want.moments.matrices()[k].basis, atol=5e-5)
+    _close(got.moments.matrices()[k].mu, want.moments.matrices()[k].mu, atol=5e-5)
   if explicit and projection != "svd":  # The SVD gathers its matrix; the others never do.
-    basis = got.moments["m0"].basis
+    basis = got.moments.matrices()["m0"].basis
     assert tuple(basis.sharding.spec)[:1] == ("fsdp",)

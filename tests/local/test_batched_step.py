@@ -99,7 +99,7 @@ def _trajectory(tx, params, steps=STEPS):
 def test_a_platform_the_policy_names_steps_one_matrix_at_a_time(monkeypatch):
   """The policy itself: one group per matrix on a platform it names (this CPU, run
   eagerly: the platform is known), the shape groups when forced."""
-  matrices = [jnp.zeros((4, 3)), jnp.zeros((4, 3)), jnp.zeros((3, 4))]
+  batched = shape_groups.groups([jnp.zeros((4, 3)), jnp.zeros((4, 3)), jnp.zeros((3, 4))])
   seen = []
 
   def step(groups):
@@ -107,10 +107,10 @@ def test_a_platform_the_policy_names_steps_one_matrix_at_a_time(monkeypatch):
     return jnp.zeros(())
 
   assert "cpu" in shape_groups.PER_MATRIX_STEP_PLATFORMS
-  shape_groups.step_grouped(matrices, step)
+  shape_groups.step_grouped(batched, step)
   assert seen.pop() == [[0], [1], [2]]
   monkeypatch.setattr(shape_groups, "FORCED_STEP_GROUPING", "batched")
-  shape_groups.step_grouped(matrices, step)
+  shape_groups.step_grouped(batched, step)
   assert seen == [[[0, 1], [2]]]
 
 
@@ -217,9 +217,9 @@ def test_a_sharded_group_steps_batched_as_the_unsharded_per_matrix_step(explicit
   got = sharded()
   for (updates, state), (want_updates, want_state) in zip(got, want, strict=True):
     _close(updates, want_updates, atol=5e-6)
-    _close(state.moments, want_state.moments, atol=5e-6)
+    _close(state.moments.matrices(), want_state.moments.matrices(), atol=5e-6)
   shardings = lambda run: [x.sharding for x in jax.tree.leaves(run[-1])]  # noqa: E731
   assert shardings(got) == shardings(sharded_per_matrix)
   # The column-split matrices' updates and moments stay split, batched or not.
   assert tuple(got[-1][0]["m2"].sharding.spec) == (None, "fsdp")
-  assert tuple(got[-1][1].moments["m2"].mu.sharding.spec) == (None, "fsdp")
+  assert tuple(got[-1][1].moments.matrices()["m2"].mu.sharding.spec) == (None, "fsdp")

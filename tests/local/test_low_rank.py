@@ -29,7 +29,7 @@ def low_rank_step(**options):
 def test_state_shapes_follow_spec_section_2(shape):
   tx = low_rank_step(error_feedback=True)
   (state, _) = tx.init({"w": jnp.zeros(shape)})
-  m = state.moments["w"]
+  m = state.moments.matrices()["w"]
   left = shape[0] >= shape[1]
   assert m.basis.shape == (max(shape), RANK)
   assert m.mu.shape == m.nu.shape == ((RANK, shape[1]) if left else (shape[0], RANK))

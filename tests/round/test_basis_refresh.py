@@ -46,7 +46,7 @@ def gradients(seed: int) -> dict:
 
 def bases(state) -> dict:
   """The stacked bases of every matrix of a (stacked) LowRankAdamState."""
-  return {name: np.asarray(state.moments[name].basis) for name in PARAMS}
+  return {name: np.asarray(state.moments.matrices()[name].basis) for name in PARAMS}
 
 
 @functools.cache
@@ -95,7 +95,7 @@ def synced_state(seed: int):
       nu=rng.uniform(0.1, 1.0, m.nu.shape).astype(np.float32),
     )
 
-  moments = low_rank.map_matrices(fill, state.moments)
+  moments = state.moments.with_matrices(low_rank.map_matrices(fill, state.moments.matrices()))
   return state._replace(moments=moments, count=np.full(M, 5, np.int32))
 
 
@@ -129,8 +129,12 @@ def test_refresh_at_sync_takes_the_source_of_its_kind_for_the_fragment(source):
     matrix = delta["w"][m] if source == "pseudo_gradient" else grads["w"][m]
     np.testing.assert_allclose(got["w"][m], numpy_basis(matrix), atol=1e-5)
   np.testing.assert_array_equal(got["v"], old["v"])  # outside the fragment
-  np.testing.assert_array_equal(refreshed.moments["v"].mu, state.moments["v"].mu)
-  assert not np.allclose(refreshed.moments["w"].mu, state.moments["w"].mu)  # transported
+  np.testing.assert_array_equal(
+    refreshed.moments.matrices()["v"].mu, state.moments.matrices()["v"].mu
+  )
+  assert not np.allclose(
+    refreshed.moments.matrices()["w"].mu, state.moments.matrices()["w"].mu
+  )  # transported
 
 
 def test_refresh_at_sync_with_nobody_present_keeps_bases_and_moments():

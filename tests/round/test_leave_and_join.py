@@ -114,7 +114,7 @@ def low_rank(state):
   """The stacked low-rank moments of ``w`` (basis, mu, nu, error) and the other leaves'
   Adam state."""
   inner = state.inner_state[0].inner_states
-  return inner["low_rank"].inner_state.moments["w"], inner["full_rank"].inner_state
+  return inner["low_rank"].inner_state.moments.matrices()["w"], inner["full_rank"].inner_state
 
 
 def _is_error(path) -> bool:

@@ -287,8 +287,8 @@ def restore_error(directory, params, tx) -> str:
 def test_restore_into_another_rank_names_the_leaves_and_shapes(saved_lordo):
   message = restore_error(saved_lordo, init_params(), lordo_jax.lordo(3e-2, rank=2, sync_every=K))
   assert "another shape" in message
-  # w1 (16 x 12) is projected on the left: basis 16 x r, moments r x 12.
-  path = ".inner_state[0].inner_states['low_rank'].inner_state.moments['w1']"
+  # w1 (16 x 12), the first shape group, is projected on the left: basis 16 x r, moments r x 12.
+  path = ".inner_state[0].inner_states['low_rank'].inner_state.moments.groups[0]"
   assert f"{path}.basis: float32(16, 3) in the checkpoint, float32(16, 2) in the target" in message
   assert f"{path}.mu: float32(3, 12) in the checkpoint, float32(2, 12) in the target" in message
 
@@ -306,7 +306,7 @@ def test_restore_into_another_method_names_missing_and_extra_leaves(saved_lordo,
   message = restore_error(saved_lordo, init_params(), tx)
   assert "in the checkpoint but not in the target" in message
   assert "in the target but not in the checkpoint" in message
-  assert "inner_states['low_rank'].inner_state.moments['w1'].basis" in message  # lordo's, not there
+  assert "inner_states['low_rank'].inner_state.moments.groups[0].basis" in message  # lordo's
   target_paths = [
     jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(tx.init(init_params()))
   ]
@@ -358,5 +358,26 @@ def test_a_checkpoint_with_zero_size_error_placeholders_restores(tmp_path):
     is_leaf=is_moments,
   )
   checkpoint.save(tmp_path, 1, params, with_placeholders)
+  _, restored = checkpoint.restore(tmp_path, 1, params, tx.init(params))
+  assert_trees_equal(restored, state)
+
+
+def test_a_checkpoint_of_the_state_per_matrix_restores_into_the_state_per_group(tmp_path):
+  """A state saved when the low-rank state was stored per matrix (``moments`` a tree like
+  the params, one ``LowRankMoments`` per matrix) restores into today's, stored per shape
+  group: here two 16 x 12 matrices stacked in one group, and a 12 x 20 matrix alone."""
+  tx = lordo_jax.lordo(3e-2, rank=3, sync_every=K, error_feedback=True)
+  params = {**init_params(), "w3": jax.random.normal(jax.random.key(3), (16, 12))}
+  grads = jax.tree.map(lambda x: jnp.sin(3 * x), params)
+  _, state = jax.jit(tx.update)(grads, tx.init(params), params)
+  is_grouped = lambda x: isinstance(x, checkpoint.StoredPerGroup)  # noqa: E731
+  per_matrix = jax.tree.map(
+    lambda x: x.matrices() if is_grouped(x) else x, state, is_leaf=is_grouped
+  )
+  grouped = [x for x in jax.tree.leaves(state, is_leaf=is_grouped) if is_grouped(x)]
+  assert [m.mu.shape for m in grouped[0].groups] == [(2, 3, 12), (12, 3)]  # w1 and w3; w2
+  paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(per_matrix)]
+  assert any(p.endswith(".moments['w3'].mu") for p in paths)  # the older layout's keys
+  checkpoint.save(tmp_path, 1, params, per_matrix)
   _, restored = checkpoint.restore(tmp_path, 1, params, tx.init(params))
   assert_trees_equal(restored, state)

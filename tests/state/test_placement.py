@@ -153,8 +153,9 @@ def test_init_under_jit_follows_explicit_params():
   with set_mesh(mesh):
     state = jax.jit(tx.init)({"w": w})
   leaves = {jax.tree_util.keystr(k): v for k, v in jax.tree_util.tree_leaves_with_path(state)}
-  (mu,) = [v for k, v in leaves.items() if k.endswith("moments['w'].mu")]
-  (basis,) = [v for k, v in leaves.items() if k.endswith("moments['w'].basis")]
+  # w's shape group, of one matrix: its state as it is (GroupedMoments).
+  (mu,) = [v for k, v in leaves.items() if k.endswith("moments.groups[0].mu")]
+  (basis,) = [v for k, v in leaves.items() if k.endswith("moments.groups[0].basis")]
   assert _layout(mu.sharding)[0][:2] == (None, "fsdp")  # r x q, q split
   assert _layout(basis.sharding)[0][:2] == ("fsdp", None)  # p x r, p split
   assert _layout(state.anchor["w"].sharding)[0][:2] == (None, "fsdp")

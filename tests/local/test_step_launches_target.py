@@ -1,0 +1,107 @@
+"""LoRDO's local step compiled for a GPU: as few launches as AdamW's, few temporaries.
+
+The low-rank state is stored per shape group (:class:`lordo_jax.GroupedMoments`), so the step
+compiled for a GPU reads and writes each group's stacks in place: a few kernels per
+group, none per matrix, no copies. Read from the program XLA's GPU compiler makes for
+one H100 (``benchmarks/targets/h100.txtpb``), run deviceless on this host through
+JAX's CUDA plugin, and its thunk sequence (``benchmarks/gpu_program.py``'s reader), on
+GPT-2's parameter tree with 6 layers of d = 768 (r = 192, every bias, norm and
+embedding; the embeddings on full-rank Adam, as in the paper): AdamW's step, one
+kernel per leaf, against LoRDO's local step (``round_phase="local"``), each
+``update`` + ``apply_updates`` with params and state donated.
+"""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+
+import lordo_jax
+from tests.helpers import gpu_compile
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+LAYERS = 6
+
+# Run with JAX_PLATFORMS=cpu (the CUDA plugin registers its compiler only then on a host
+# without a GPU) and no compilation cache (a program read from it writes no thunks).
+# Prints, per program: its launches by kind, its temporaries and its state's bytes.
+_GPU_COMPILE = """
+import json, os, pathlib, sys, tempfile
+dump = tempfile.mkdtemp(prefix="step_launches_")
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to={dump}"
+sys.path.insert(0, "benchmarks")
+import collections
+import jax, optax
+import communication_table as table
+import gpu_program
+from jax.sharding import NamedSharding, PartitionSpec as P
+import lordo_jax
+
+jax.config.update("jax_enable_compilation_cache", False)
+config = gpu_program.target_config("h100")
+one_gpu = NamedSharding(gpu_program.gpu_mesh(config, (1,), ("gpu",)), P())
+shapes = table.gpt2_shapes(int(sys.argv[1]), 768, 50257, 1024)
+lordo = lordo_jax.lordo(1e-3, axis_name=None, rank=192, sync_every=16, weight_decay=1e-4,
+                        low_rank_labels=table.no_embeddings)
+adamw = optax.adamw(1e-3, weight_decay=1e-4)
+programs = {
+  "adamw": gpu_program._optimizer_step("adamw", adamw, shapes, one_gpu),
+  "lordo": gpu_program._optimizer_step("lordo", lordo, shapes, one_gpu, round_phase="local"),
+}
+found = {}
+for name, program in programs.items():
+  record = gpu_program.read(program, pathlib.Path(dump))
+  state = program.args[1]
+  found[name] = {kind: record[kind] for kind in ("launches", *gpu_program.LAUNCH_KINDS)}
+  found[name]["temp_bytes"] = record["temp_bytes"]
+  found[name]["state_bytes"] = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state))
+print(json.dumps(found))
+"""
+
+
+def _programs() -> dict:
+  env = gpu_compile.environment()
+  env.pop("JAX_COMPILATION_CACHE_DIR", None)
+  done = subprocess.run(
+    [sys.executable, "-c", _GPU_COMPILE, str(LAYERS)],
+    capture_output=True,
+    text=True,
+    cwd=ROOT,
+    env=env,
+    timeout=300,
+  )
+  assert done.returncode == 0, done.stderr[-3000:]
+  return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_the_local_step_on_a_gpu_launches_as_adamw_does_with_few_temporaries():
+  """At most 1.3x AdamW's launches (it has fewer: one fusion per full-rank leaf, a few
+  per shape group), no copy, no conditional, and temporaries at most a quarter of the
+  optimizer state (the stacked gradients of a group, whose buffer then holds its
+  low-rank direction)."""
+  found = _programs()
+  adamw, lordo = found["adamw"], found["lordo"]
+  assert adamw["launches"] == adamw["kernels"] == 12 * LAYERS + 6  # One per leaf.
+  assert lordo["launches"] <= 1.3 * adamw["launches"], found
+  assert lordo["copies"] == lordo["conditionals"] == lordo["solver"] == 0, found
+  assert lordo["gemms"] == 2 * 4, found  # Project and unproject, one each per shape group.
+  assert lordo["temp_bytes"] <= lordo["state_bytes"] / 4, found
+
+
+def test_the_state_is_stored_per_shape_group():
+  """The state the GPU program reads in place: one stack per shape group (the four
+  matrices of a GPT-2 layer, over the layers), on any platform."""
+
+  def layer(d):
+    return {"attn": jnp.zeros((d, 3 * d)), "proj": jnp.zeros((d, d)), "fc": jnp.zeros((d, 4 * d))}
+
+  params = {"h": [layer(16) for _ in range(3)], "bias": jnp.zeros(16)}
+  tx = lordo_jax.lordo(1e-3, rank=4, sync_every=4, axis_name=None)
+  is_grouped = lambda x: isinstance(x, lordo_jax.GroupedMoments)  # noqa: E731
+  grouped = [x for x in jax.tree.leaves(tx.init(params), is_leaf=is_grouped) if is_grouped(x)]
+  (moments,) = grouped
+  assert [m.mu.shape for m in moments.groups] == [(3, 16, 4), (3, 16, 4), (3, 4, 16)]
+  assert moments.matrices()["h"][1]["attn"].mu.shape == (16, 4)
