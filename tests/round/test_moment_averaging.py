@@ -67,6 +67,8 @@ def moment_field(path):
   names = [k.name for k in path if isinstance(k, jax.tree_util.GetAttrKey)]
   param = [k.key for k in path if isinstance(k, jax.tree_util.DictKey) and k.key in PARAMS]
   field = next((n for n in names if n in ("mu", "nu")), None)
+  if "groups" in names:  # The low-rank state, stored per shape group: w's, its one matrix.
+    return field, "w"
   return field, param[-1] if param else None
 
 
