@@ -36,6 +36,9 @@ from lordo_jax.local.bases.dct import DCTBasis
 from lordo_jax.local.bases.two_sided import TwoSidedBasis
 
 INIT_PROJECTIONS = ("gradient", "random", "external")
+# What optax.tree_utils.tree_map_params calls init on: a pytree of no leaf, in place of
+# the params (optax.masked tells it apart by this class too).
+_ParamsPlaceholder = optax.tree_utils._state_utils._ParamsPlaceholder
 
 
 class LowRankMoments(NamedTuple):
@@ -195,6 +198,12 @@ def _init_leaf(c: _Config, x, axes, key) -> LowRankMoments:
 
 
 def _init(c: _Config, params) -> LowRankAdamState:
+  if isinstance(params, _ParamsPlaceholder):
+    # optax.tree_utils.tree_map_params's stand-in for the params (optax.masked passes it
+    # on alike): no shapes, so no groups; the moments are where it is, and its function
+    # maps every leaf of them, as it did a state kept per matrix (and GaLore's).
+    zero = jnp.zeros([], jnp.int32)
+    return LowRankAdamState(count=zero, moments=params, refresh_failures=zero)
   # The moments are not shaped like their matrix: built from the values, so that no Flax
   # Variable (and its parameter's metadata) holds them (lordo_jax/_tree_structure.py).
   params = state_structure.values(params)

@@ -66,3 +66,16 @@ def test_the_local_step_never_transposes_or_copies_a_matrix(projection, shape):
     line for line in text.splitlines() if re.search(rf"= ({full})\S* (transpose|copy)\(", line)
   ]
   assert not moved, moved
+
+
+def test_tree_map_params_maps_the_moments_of_every_group():
+  # optax.tree_utils.tree_map_params calls init on a placeholder: the state per shape
+  # group it gives must be a prefix of the real one, its function mapping the moments.
+  tx = low_rank_step(error_feedback=True)
+  params = {"a": jnp.ones((P, Q)), "b": jnp.ones((P, Q)), "c": jnp.ones((Q, P))}
+  _, state = tx.update(params, tx.init(params), params)
+  mapped = optax.tree_utils.tree_map_params(tx, lambda v: v + 1, state)
+  assert len(state[0].moments.groups) == 2
+  assert mapped[0].count == state[0].count
+  new, old = mapped[0].moments, state[0].moments
+  assert jax.tree.all(jax.tree.map(lambda n, o: jnp.array_equal(n, o + 1), new, old))
