@@ -3,8 +3,8 @@
 The low-rank state is stored per shape group (:class:`lordo_jax.GroupedMoments`), so the step
 compiled for a GPU reads and writes each group's stacks in place: a few kernels per
 group, none per matrix, no copies. Read from the program XLA's GPU compiler makes for
-one H100 (``benchmarks/targets/h100.txtpb``), run deviceless on this host through
-JAX's CUDA plugin, and its thunk sequence (``benchmarks/gpu_program.py``'s reader), on
+one H100 (``benchmarks/gpu/targets/h100.txtpb``), run deviceless on this host through
+JAX's CUDA plugin, and its thunk sequence (``benchmarks/gpu/gpu_program.py``'s reader), on
 GPT-2's parameter tree with 6 layers of d = 768 (r = 192, every bias, norm and
 embedding; the embeddings on full-rank Adam, as in the paper): AdamW's step, one
 kernel per leaf, against LoRDO's local step (``round_phase="local"``), each
@@ -32,11 +32,9 @@ _GPU_COMPILE = """
 import json, os, pathlib, sys, tempfile
 dump = tempfile.mkdtemp(prefix="step_launches_")
 os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to={dump}"
-sys.path.insert(0, "benchmarks")
-import collections
 import jax, optax
-import communication_table as table
-import gpu_program
+from benchmarks.communication import communication_table as table
+from benchmarks.gpu import gpu_program
 from jax.sharding import NamedSharding, PartitionSpec as P
 import lordo_jax
 
