@@ -100,11 +100,7 @@ def test_clip_norm_clips_each_worker_gradient_first():
   by_hand = jax.vmap(lambda g: optax.clip_by_global_norm(clip).update(g, optax.EmptyState())[0])
   _, on_clipped = one_step("low_rank_ddp", plain_config, by_hand(grads))
   _, unclipped = one_step("low_rank_ddp", plain_config, grads)
-  errors = lambda state: [  # noqa: E731
-    np.asarray(s.error)
-    for s in jax.tree.leaves(state, is_leaf=lordo_jax.state._warm_start.is_matrix_state)
-    if lordo_jax.state._warm_start.is_matrix_state(s)
-  ]
+  errors = lambda state: [np.asarray(s.error) for s in matrices(state)]  # noqa: E731
   assert len(errors(with_clip)) == len(model.low_rank_shapes(model.PRESETS["tiny"]))
   for a, b, c in zip(errors(with_clip), errors(on_clipped), errors(unclipped), strict=True):
     np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-6)  # fused in the step or not
@@ -145,12 +141,11 @@ def test_the_fidelity_options_reach_the_factory(method):
 
 
 def matrices(state):
-  """Every low-rank matrix's state in ``state``."""
-  return [
-    s
-    for s in jax.tree.leaves(state, is_leaf=lordo_jax.state._warm_start.is_matrix_state)
-    if lordo_jax.state._warm_start.is_matrix_state(s)
-  ]
+  """Every low-rank matrix's state in ``state``: per matrix, read from the stacks each
+  :class:`lordo_jax.GroupedMoments` keeps per shape group."""
+  is_grouped = lambda x: isinstance(x, lordo_jax.GroupedMoments)  # noqa: E731
+  grouped = [x for x in jax.tree.leaves(state, is_leaf=is_grouped) if is_grouped(x)]
+  return [matrix for moments in grouped for matrix in moments.listed()]
 
 
 @pytest.mark.parametrize("momentum", [0.0, 0.9])

@@ -57,9 +57,11 @@ def assert_trees_equal(a, b):
 
 
 def matrices(state):
-  """Every low-rank matrix's state in ``state``, in tree order."""
-  leaves = jax.tree.leaves(state, is_leaf=lordo_jax.state._warm_start.is_matrix_state)
-  return [leaf for leaf in leaves if lordo_jax.state._warm_start.is_matrix_state(leaf)]
+  """Every low-rank matrix's state in ``state``, in tree order: per matrix, read from the
+  stacks each :class:`lordo_jax.GroupedMoments` keeps per shape group."""
+  is_grouped = lambda x: isinstance(x, lordo_jax.GroupedMoments)  # noqa: E731
+  grouped = [x for x in jax.tree.leaves(state, is_leaf=is_grouped) if is_grouped(x)]
+  return [matrix for moments in grouped for matrix in moments.listed()]
 
 
 def test_transplant_names_the_settings_to_match():
