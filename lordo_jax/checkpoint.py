@@ -148,7 +148,7 @@ def _without_empty_extras(saved: list[dict], like: Any) -> list[dict]:
 
 
 @runtime_checkable
-class StoredPerGroup(Protocol):
+class _StoredPerGroup(Protocol):
   """A state node stored in groups that checkpoints before it held per matrix (the
   low-rank state, ``LowRankAdamState.moments``): a checkpoint of that older layout
   restores into it through its per-matrix view."""
@@ -163,11 +163,11 @@ class StoredPerGroup(Protocol):
 
 
 def _is_grouped(x) -> bool:
-  return isinstance(x, StoredPerGroup)
+  return isinstance(x, _StoredPerGroup)
 
 
 def _per_matrix(like: Any) -> Any:
-  """``like`` with every :class:`StoredPerGroup` node in its per-matrix view."""
+  """``like`` with every ``_StoredPerGroup`` node in its per-matrix view."""
   return jax.tree.map(lambda x: x.matrices() if _is_grouped(x) else x, like, is_leaf=_is_grouped)
 
 
@@ -189,7 +189,7 @@ def _fits(saved: list[dict], like: Any) -> bool:
 
 def _older_layout(saved: list[dict], like: Any) -> bool:
   """Whether ``saved`` is the layout of ``like`` before its low-rank state was stored
-  per group (:class:`StoredPerGroup`): per matrix."""
+  per group (``_StoredPerGroup``): per matrix."""
   grouped = jax.tree.leaves(like, is_leaf=_is_grouped)
   if not any(map(_is_grouped, grouped)) or _fits(saved, like):
     return False
@@ -496,7 +496,7 @@ def restore(directory, step: int | None, params_like: Any, opt_state_like: Any):
   ``TypeError`` or ``NotImplementedError``) is raised again as a one-line
   :class:`CheckpointMismatchError`; an I/O error is raised as it is. A checkpoint saved
   when the low-rank state was stored per matrix (before it was stored per shape group,
-  :class:`StoredPerGroup`) restores into today's state: it is read into the state's
+  ``_StoredPerGroup``) restores into today's state: it is read into the state's
   per-matrix view and stacked again.
 
   Args:

@@ -370,7 +370,7 @@ def test_a_checkpoint_of_the_state_per_matrix_restores_into_the_state_per_group(
   params = {**init_params(), "w3": jax.random.normal(jax.random.key(3), (16, 12))}
   grads = jax.tree.map(lambda x: jnp.sin(3 * x), params)
   _, state = jax.jit(tx.update)(grads, tx.init(params), params)
-  is_grouped = lambda x: isinstance(x, checkpoint.StoredPerGroup)  # noqa: E731
+  is_grouped = lambda x: isinstance(x, checkpoint._StoredPerGroup)  # noqa: E731
   per_matrix = jax.tree.map(
     lambda x: x.matrices() if is_grouped(x) else x, state, is_leaf=is_grouped
   )
