@@ -211,7 +211,8 @@ def orthonormal(ys: list[jax.Array]) -> list[tuple[jax.Array, jax.Array]]:
   A matrix whose result is not finite or not orthonormal to
   :data:`ORTHONORMALITY_TOLERANCE` (rank-deficient, zero, or conditioned beyond
   :math:`10^7`) falls back, alone, to Householder QR, inside one ``lax.cond`` that runs
-  only when some matrix failed; ``ok`` (one per matrix, shaped like the batch) is then
+  only when some matrix failed (compiled for an accelerator, the Householder QRs of
+  every ``y`` are one batched call: :func:`_householder_qs`); ``ok`` (one per matrix, shaped like the batch) is then
   true wherever the result is finite. A ``y`` split by rows over a mesh axis (FSDP)
   has no fallback, which would gather it: ``ok`` is false where Cholesky-QR failed,
   and the caller keeps its previous basis there.
@@ -228,7 +229,11 @@ def orthonormal(ys: list[jax.Array]) -> list[tuple[jax.Array, jax.Array]]:
     return list(zip(qs, oks, strict=True))
 
   def householder_where_failed():
-    return [jnp.where(oks[i][..., None, None], qs[i], _householder_q(ys[i])) for i in whole_ones]
+    householder = _householder_qs([ys[i] for i in whole_ones])
+    return [
+      jnp.where(oks[i][..., None, None], qs[i], q)
+      for i, q in zip(whole_ones, householder, strict=True)
+    ]
 
   all_ok = jnp.all(jnp.stack([jnp.all(oks[i]) for i in whole_ones]))
   kept = jax.lax.cond(all_ok, lambda: [qs[i] for i in whole_ones], householder_where_failed)
@@ -305,6 +310,36 @@ def _stacked_inverse_factors(grams: list[jax.Array]) -> list[jax.Array]:
     for i, part in zip(indices, jnp.split(stacked, ends), strict=True):
       inverses[i] = part.reshape(grams[i].shape)
   return inverses
+
+
+def _householder_qs(ys: list[jax.Array]) -> list[jax.Array]:
+  """Householder QR's Q of each ``(..., n, r)`` ``y`` (unsplit). Compiled for an
+  accelerator, the ``y`` of one ``r`` and dtype are one batched call, each padded with
+  zero rows to the longest (the Q of :math:`[Y; 0]` is :math:`[Q; 0]`: each reflector
+  of Y's columns is zero below Y), since its solver library spends its time per call;
+  on a CPU, each ``y`` its own call, as :func:`_batched` makes it."""
+  return jax.lax.platform_dependent(
+    *ys,
+    cpu=lambda *each: [_householder_q(y) for y in each],
+    default=lambda *each: _stacked_householder_qs(list(each)),
+  )
+
+
+def _stacked_householder_qs(ys: list[jax.Array]) -> list[jax.Array]:
+  """:func:`_householder_qs` on an accelerator: those of one ``r`` and dtype stacked."""
+  qs: list = [None] * len(ys)
+  together: dict = {}
+  for i, y in enumerate(ys):
+    together.setdefault((y.shape[-1], y.dtype), []).append(i)
+  for indices in together.values():
+    rows = max(ys[i].shape[-2] for i in indices)
+    flat = [ys[i].reshape(-1, *ys[i].shape[-2:]) for i in indices]
+    padded = [jnp.pad(f, ((0, 0), (0, rows - f.shape[-2]), (0, 0))) for f in flat]
+    stacked = jnp.linalg.qr(jnp.concatenate(padded))[0]
+    ends = np.cumsum([f.shape[0] for f in flat])[:-1]
+    for i, f, part in zip(indices, flat, jnp.split(stacked, ends), strict=True):
+      qs[i] = part[:, : f.shape[-2]].reshape(ys[i].shape)
+  return qs
 
 
 def orthonormality_error(q: jax.Array) -> jax.Array:

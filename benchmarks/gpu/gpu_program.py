@@ -19,7 +19,9 @@ Programs: ``optimizer`` (one GPU, GPT-2 small's parameters as
 192, K = 16, float32; ``update`` + ``apply_updates``, params and state donated):
 ``optax.adamw``, ``optax.contrib.galore``, LoRDO's local step (``round_phase="local"``),
 the same per matrix (the program the H100 runs timed), its boundary program
-(``round_phase="boundary"``) and its one program (the round's conditional inside).
+(``round_phase="boundary"``: the round with no conditional) and its one program (the
+round and the first bases in conditionals: every step without a phase, the first
+update's with one).
 ``lm`` (the example LM's step, ``examples/lm``, on ``--workers`` GPUs, one worker each):
 DDP, LoRDO's local and boundary programs, and a whole round in flight
 (``overlap="round"``) and ``overlap=1``'s send step for LoRDO and DiLoCo; with
@@ -622,6 +624,7 @@ def markdown(record: dict) -> list[str]:
     head = ["program", "collective", "GPUs", "fwd/bwd GEMMs before / under / after", "in flight"]
     lines += ["#### The collectives between workers, among the forward/backward GEMMs", ""]
     lines += [*studies.table(head, collectives, align="lllrl"), ""]
+  lines += _round_cost(record["programs"])
   m = record["model"]
   lines += [
     "#### The model",
@@ -641,6 +644,35 @@ def markdown(record: dict) -> list[str]:
     head = ["timed row (H100)", "measured ms", "modelled ms", "error"]
     lines += studies.table(head, rows, align="lrrr")
   return lines
+
+
+# (baseline, LoRDO's local step, its boundary) of a section, by program name.
+ROUND_PROGRAMS = (
+  ("adamw", "lordo local", "lordo boundary"),
+  ("lm ddp", "lm lordo local", "lm lordo boundary"),
+)
+
+
+def _round_cost(programs: list[dict]) -> list[str]:
+  """The modelled cost of LoRDO's round: its boundary beyond a local step (the
+  refresh, the averages and the outer step: a bound on the refresh), and the step
+  amortised over a round of K = :data:`PERIOD` (K - 1 local steps and a boundary)
+  against the baseline's."""
+  by_name = {p["name"]: p["modelled_ms"] for p in programs}
+  rows = []
+  for baseline, local, boundary in ROUND_PROGRAMS:
+    if not {baseline, local, boundary} <= set(by_name):
+      continue
+    amortised = ((PERIOD - 1) * by_name[local] + by_name[boundary]) / PERIOD
+    rows.append(
+      [boundary, f"{by_name[boundary] - by_name[local]:.2f}", f"{amortised:.2f}"]
+      + [f"{by_name[baseline]:.2f}", f"{amortised / by_name[baseline]:.2f}x"]
+    )
+  if not rows:
+    return []
+  head = ["program", "round's cost ms (boundary - local)", f"amortised ms (K = {PERIOD})"]
+  head += ["baseline ms (AdamW / DDP)", "amortised / baseline"]
+  return ["#### LoRDO's round, modelled", "", *studies.table(head, rows, align="lrrrr"), ""]
 
 
 def main(argv=None) -> int:

@@ -121,7 +121,7 @@ REPEATS = {"cpu": 3}  # Full mode's rounds per platform; 5 elsewhere.
 WATCHDOG_S = 3600  # A section and dtype that runs longer has hung: traceback, exit.
 MB = 1e6
 PHASED = "lordo, round phase"  # LoRDO's local steps compiled without the round (round_phase).
-PHASES = ("local", "boundary")
+PHASES = ("first", "local", "boundary")
 
 
 def parse_args(argv=None):

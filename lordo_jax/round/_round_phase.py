@@ -1,10 +1,11 @@
-r"""A local step compiled without the round: ``update(..., round_phase="local")``.
+r"""Steps compiled for their place in the round: ``update(..., round_phase=...)``.
 
 Without a phase every step is one program holding the round in a ``lax.cond``; on a GPU
 that costs every local step copies of the state, a predicate read back by the host and
 a step cut into several command buffers. :func:`round_phase` says on the host which
-updates are local, so those compile to the local optimizer's step alone (a wrong phase
-turns the updates NaN, never skips a round).
+updates are local, so those compile to the local optimizer's step alone, and which end
+a round, so those compile to the local step and the round with no conditional (a wrong
+phase turns the updates NaN, never skips or adds a round).
 """
 
 import numbers
@@ -16,19 +17,23 @@ import jax.numpy as jnp
 from lordo_jax import _checks as checks
 from lordo_jax.round import _periods as periods
 
-PHASES = ("local", "boundary")
+PHASES = ("first", "local", "boundary")
 
 
 def round_phase(step: int, *, sync_every: periods.SyncPeriod, fragments: int = 1) -> str:
   """The phase of update number ``step`` of a method with rounds: pass it as
   ``update(..., round_phase=...)``, a static value.
 
-  ``"local"`` when that update is a local step only: not the first update, and no
-  fragment's round ends at it; else ``"boundary"``. Compiled with ``"local"``, a step
-  holds no conditional of the round (on a GPU: no copies of the state, no predicate
-  read back by the host, one command buffer), so a training step jitted with the phase
-  static compiles two programs, each once, with the same numbers as one. A ``"local"``
-  program run where a round ends raises at run time (it never skips a round).
+  ``"first"`` for the first update (it may compute the first bases, and end a round
+  when K = 1: the one program, every part of the round in a conditional); ``"local"``
+  when the update is a local step only: no fragment's round ends at it; ``"boundary"``
+  when a fragment's round ends at it. Compiled with ``"local"``, a step holds no
+  conditional of the round (on a GPU: no copies of the state, no predicate read back by
+  the host, one command buffer); with ``"boundary"`` and one fragment, the round runs
+  with no conditional either (with fragments, each fragment's round is in a conditional:
+  the program does not know which one ends). A training step jitted with the phase
+  static compiles three programs, each once, with the same numbers as one. A program run
+  at an update of another phase turns its updates NaN (it never skips or adds a round).
 
   Args:
     step: the number of updates before this one (the optimizer's step count, 0 first),
@@ -37,12 +42,12 @@ def round_phase(step: int, *, sync_every: periods.SyncPeriod, fragments: int = 1
     fragments: the optimizer's ``fragments``, an int (1: no streaming).
 
   Returns:
-    ``"local"`` or ``"boundary"``.
+    ``"first"``, ``"local"`` or ``"boundary"``.
 
   Examples:
     >>> import lordo_jax
     >>> [lordo_jax.round_phase(s, sync_every=4) for s in range(9)]
-    ['boundary', 'local', 'local', 'boundary', 'local', 'local', 'local', 'boundary', 'local']
+    ['first', 'local', 'local', 'boundary', 'local', 'local', 'local', 'boundary', 'local']
   """
   if isinstance(step, jax.core.Tracer) or not isinstance(step, numbers.Integral) or step < 0:
     raise TypeError(
@@ -56,7 +61,7 @@ def round_phase(step: int, *, sync_every: periods.SyncPeriod, fragments: int = 1
     )
   t = int(step) + 1
   if t == 1:
-    return "boundary"
+    return "first"
   if callable(sync_every):
     return "boundary" if t in periods.sync_steps(sync_every, t) else "local"
   offsets = periods.fragment_offsets(sync_every, int(fragments))
@@ -77,14 +82,19 @@ def check(name: str, overlap: Any, phase: Any) -> None:
 
 
 def poisoned(updates, due):
-  """``updates``, NaN wherever a ``"local"`` program runs an update that is not local
-  (``due``, a traced bool): a select fused into each leaf's update, with no conditional
+  """``updates``, NaN wherever a program runs an update of another phase (``due``, a
+  traced bool): a select fused into each leaf's update, with no conditional
   and no host callback (either costs a local step on the host what the phase saves)."""
   return jax.tree.map(lambda u: jnp.where(due, jnp.asarray(jnp.nan, u.dtype), u), updates)
 
 
-def any_due(count, predicates, first_step: bool) -> jax.Array:
-  """Whether update ``count`` needs the round's program: a fragment syncs at it, or it
-  is the first update and ``first_step`` (the first bases come from its gradient)."""
-  due = jnp.any(jnp.stack(predicates))
-  return due | (count == 1) if first_step else due
+def any_due(count, predicates) -> jax.Array:
+  """Whether update ``count`` needs another program than the local one: it is the
+  first update, or a fragment's round ends at it (``predicates``)."""
+  return jnp.any(jnp.stack(predicates)) | (count == 1)
+
+
+def boundary_due(count, predicates) -> jax.Array:
+  """Whether update ``count`` is a boundary: a fragment's round ends at it, and it is
+  not the first update."""
+  return jnp.any(jnp.stack(predicates)) & (count != 1)

@@ -5,7 +5,8 @@ The round's parts are modules of their own: when it ends (``_periods``,
 outer step (``_outer_step``), the moments (``_moment_averaging``), the bases
 (``_basis_refresh``), failed workers (``_faults``) and host offload (``_offload``).
 Every collective goes through :mod:`lordo_jax.comm._collectives`, inside the round's
-``lax.cond``, so nothing is sent or computed for the round on other steps.
+``lax.cond``, so nothing is sent or computed for the round on other steps (a program
+compiled for a round's end, ``round_phase="boundary"``, runs it with no conditional).
 """
 
 import functools
@@ -328,11 +329,18 @@ def _update(
   averaging = parts.averaging
   if round_phase == "local":
     return _local_update(parts, grads, state, params, count, extra_args)
+  masks = schedule.fragment_masks(params, parts.fragments)
+  # A boundary is not the first update (no first bases), and with one fragment its
+  # round ends there: it syncs with no conditional (on a GPU the conditional copied the
+  # state in and out of its branch).
+  boundary = round_phase == "boundary"
+  always = boundary and len(masks) == 1
   present = jnp.asarray(worker_present, jnp.bool_)
-  inner_state, ledger = parts.refresh.before_first_step(
-    count, grads, state.inner_state, state.ledger, averaging.admit(present, grads)
-  )
-  state = state._replace(inner_state=inner_state, ledger=ledger)
+  if not boundary:
+    inner_state, ledger = parts.refresh.before_first_step(
+      count, grads, state.inner_state, state.ledger, averaging.admit(present, grads)
+    )
+    state = state._replace(inner_state=inner_state, ledger=ledger)
 
   def local_step():
     """(local updates, inner state, faults) of this step's local optimizer step."""
@@ -341,7 +349,6 @@ def _update(
 
   local_updates, inner_state, faults = local_step()
   present = present & faults.round_ok  # A worker that failed a step this round is absent.
-  masks = schedule.fragment_masks(params, parts.fragments)
   predicates = schedule.sync_predicates(parts.sync_every, len(masks), count, state.next_sync)
   new_state = state._replace(count=count, inner_state=inner_state, faults=faults)
   # The branch recomputes the local step (see _sync_fragment): an update carried
@@ -349,13 +356,13 @@ def _update(
   sync = functools.partial(
     _sync_fragment, parts, grads=grads, params=params, local_step=local_step, present=present
   )
-  new_state, anchor = _end_rounds(
-    parts.offload, sync, zip(masks, predicates, strict=True), new_state, params
-  )
+  rounds = zip(masks, [True] if always else predicates, strict=True)
+  new_state, anchor = _end_rounds(parts.offload, sync, rounds, new_state, params)
   # 6. Synchronised leaves land on the anchor, the others take their local step.
-  updates = jax.tree.map(
-    _landing, schedule.synced_now(params, masks, predicates), anchor, params, local_updates
-  )
+  synced_now = schedule.synced_now(params, masks, [True] if always else predicates)
+  updates = jax.tree.map(_landing, synced_now, anchor, params, local_updates)
+  if boundary:  # Run where no round ends, or at the first update: NaN, never a wrong round.
+    updates = round_phases.poisoned(updates, ~round_phases.boundary_due(count, predicates))
   next_sync = schedule.next_sync(parts.sync_every, count, state.next_sync, predicates[-1])
   return updates, new_state._replace(next_sync=next_sync)
 
@@ -366,17 +373,17 @@ def _local_update(parts: RoundParts, grads, state, params, count, extra_args):
   are due (:mod:`lordo_jax.round._round_phase`)."""
   masks = schedule.fragment_masks(params, parts.fragments)
   predicates = schedule.sync_predicates(parts.sync_every, len(masks), count, state.next_sync)
-  first_step = parts.refresh.low_rank is not None and parts.refresh.init_projection == "gradient"
   updates, inner_state = parts.inner.update(grads, state.inner_state, params, **extra_args)
   updates, inner_state, faults = parts.averaging.guard_step(
     grads, updates, inner_state, state.inner_state, state.faults
   )
-  updates = round_phases.poisoned(updates, round_phases.any_due(count, predicates, first_step))
+  updates = round_phases.poisoned(updates, round_phases.any_due(count, predicates))
   return updates, state._replace(count=count, inner_state=inner_state, faults=faults)
 
 
 def _end_rounds(offload, sync, rounds, state, params):
-  """Each fragment's ``sync(f, fragment, state)`` where its round ends (a ``lax.cond``).
+  """Each fragment's ``sync(f, fragment, state)`` where its round ends (a ``lax.cond``;
+  none where the predicate is ``True``, a round known to end here).
 
   Returns the state and the anchor step 6 lands on, on the device. With offload the
   state's anchor is in host memory, so the one returned is the synchronised one the
@@ -385,7 +392,13 @@ def _end_rounds(offload, sync, rounds, state, params):
   anchor = jax.tree.map(jnp.zeros_like, params) if offload else state.anchor
   for f, (fragment, predicate) in enumerate(rounds):
     sync_now = functools.partial(sync, f, fragment)
-    if offload:
+    if predicate is True:  # Due for certain (a boundary program): no conditional.
+      if offload:
+        state, anchor = _sync_offloaded(sync_now, state)
+      else:
+        state = sync_now(state)
+        anchor = state.anchor
+    elif offload:
       state, anchor = jax.lax.cond(
         predicate,
         lambda s, a, sync_now=sync_now: _sync_offloaded(sync_now, s),

@@ -1,4 +1,5 @@
-"""LoRDO's local step compiled for a GPU: as few launches as AdamW's, few temporaries.
+"""LoRDO's steps compiled for a GPU: the local step launches as few kernels as AdamW's,
+with few temporaries; the round's boundary half the one program's launches.
 
 The low-rank state is stored per shape group (:class:`lordo_jax.GroupedMoments`), so the step
 compiled for a GPU reads and writes each group's stacks in place: a few kernels per
@@ -7,10 +8,13 @@ one H100 (``benchmarks/gpu/targets/h100.txtpb``), run deviceless on this host th
 JAX's CUDA plugin, and its thunk sequence (``benchmarks/gpu/gpu_program.py``'s reader), on
 GPT-2's parameter tree with 6 layers of d = 768 (r = 192, every bias, norm and
 embedding; the embeddings on full-rank Adam, as in the paper): AdamW's step, one
-kernel per leaf, against LoRDO's local step (``round_phase="local"``), each
-``update`` + ``apply_updates`` with params and state donated.
+kernel per leaf, against LoRDO's local step (``round_phase="local"``), and LoRDO's
+boundary (``round_phase="boundary"``) against its one program (no phase: the round and
+the first bases in conditionals), each ``update`` + ``apply_updates`` with params and
+state donated.
 """
 
+import functools
 import json
 import pathlib
 import subprocess
@@ -45,21 +49,30 @@ shapes = table.gpt2_shapes(int(sys.argv[1]), 768, 50257, 1024)
 lordo = lordo_jax.lordo(1e-3, axis_name=None, rank=192, sync_every=16, weight_decay=1e-4,
                         low_rank_labels=table.no_embeddings)
 adamw = optax.adamw(1e-3, weight_decay=1e-4)
+step = gpu_program._optimizer_step
 programs = {
-  "adamw": gpu_program._optimizer_step("adamw", adamw, shapes, one_gpu),
-  "lordo": gpu_program._optimizer_step("lordo", lordo, shapes, one_gpu, round_phase="local"),
+  "adamw": step("adamw", adamw, shapes, one_gpu),
+  "lordo": step("lordo", lordo, shapes, one_gpu, round_phase="local"),
+  "boundary": step("boundary", lordo, shapes, one_gpu, round_phase="boundary"),
+  "one program": step("one program", lordo, shapes, one_gpu),
 }
 found = {}
 for name, program in programs.items():
   record = gpu_program.read(program, pathlib.Path(dump))
   state = program.args[1]
   found[name] = {kind: record[kind] for kind in ("launches", *gpu_program.LAUNCH_KINDS)}
+  written = sorted(pathlib.Path(dump).glob("*.thunk_metadata.txt"))[-1]
+  thunks = gpu_program.thunks(written.read_text())
+  solver = [t.name for t in thunks if gpu_program.launch_kind(t) == "solver"]
+  for call in ("svd", "cholesky", "triangular-solve", "geqrf", "householder_product"):
+    found[name][call] = sum(n.startswith(call) for n in solver)
   found[name]["temp_bytes"] = record["temp_bytes"]
   found[name]["state_bytes"] = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state))
 print(json.dumps(found))
 """
 
 
+@functools.cache
 def _programs() -> dict:
   env = gpu_compile.environment()
   env.pop("JAX_COMPILATION_CACHE_DIR", None)
@@ -103,3 +116,22 @@ def test_the_state_is_stored_per_shape_group():
   (moments,) = grouped
   assert [m.mu.shape for m in moments.groups] == [(3, 16, 4), (3, 16, 4), (3, 4, 16)]
   assert moments.matrices()["h"][1]["attn"].mu.shape == (16, 4)
+
+
+def test_the_boundary_on_a_gpu_is_half_the_one_program():
+  """The boundary program (``round_phase="boundary"``) runs the round with no
+  conditional and without the first bases: at most half the one program's launches,
+  copies and conditionals (only the orthonormalisation's fallbacks are left, one per
+  subspace iteration), no SVD, and the fallback's Householder QRs of all four shape
+  groups in one batched call per iteration (they were one per group and iteration)."""
+  found = _programs()
+  boundary, whole = found["boundary"], found["one program"]
+  assert boundary["launches"] <= whole["launches"] / 2, found
+  assert boundary["copies"] <= whole["copies"] / 2, found
+  assert boundary["conditionals"] <= whole["conditionals"] / 2, found
+  iterations = 2  # subspace_iterations' default: an orthonormalisation per iteration.
+  assert boundary["conditionals"] <= iterations, found
+  assert boundary["svd"] == 0 and whole["svd"] == 4, found  # The first bases: one per group.
+  assert max(boundary["geqrf"], boundary["householder_product"]) <= iterations, found
+  # At most four shifted Cholesky-QR passes per iteration, the groups' Grams in one call each.
+  assert max(boundary["cholesky"], boundary["triangular-solve"]) <= 4 * iterations, found
