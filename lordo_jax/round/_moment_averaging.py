@@ -5,6 +5,7 @@ The moment fields are grouped by period (:func:`moment_groups`), and
 message (:func:`average_moments`).
 """
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -68,7 +69,8 @@ def average_due_moments(
   inner_state: Any, ledger, sync_index, groups: list, present, fragment, moment_mean: Callable
 ):
   r"""The moments due at sync ``sync_index`` (:func:`due`) averaged, each group in a
-  ``lax.cond`` of its own, so nothing is sent at the syncs where it is not due.
+  ``lax.cond`` of its own, so nothing is sent at the syncs where it is not due (a group
+  due at every sync, period 1, with no conditional).
 
   The first moments (``mu``) are averaged at every ``first_moment_every``-th sync, the
   second (``nu``) at every ``second_moment_every``-th (``None``: never). At the s-th
@@ -80,12 +82,14 @@ def average_due_moments(
   and fields with the same period go in one message. A moment (low-rank ``r x q`` or
   full-rank) is replaced by its mean over the workers, and kept where nobody was present.
   """
-  for predicate, fields in due(sync_index, groups):
+  for (period, _), (predicate, fields) in zip(groups, due(sync_index, groups), strict=True):
+    average = functools.partial(
+      average_moments, fields=fields, present=present, fragment=fragment, moment_mean=moment_mean
+    )
+    if period == 1:  # Due at every sync: no conditional (on a GPU it copied the state).
+      inner_state, ledger = average(inner_state, ledger)
+      continue
     inner_state, ledger = jax.lax.cond(
-      predicate,
-      lambda s, led, fs=fields: average_moments(s, led, fs, present, fragment, moment_mean),
-      lambda s, led: (s, led),
-      inner_state,
-      ledger,
+      predicate, average, lambda s, led: (s, led), inner_state, ledger
     )
   return inner_state, ledger
