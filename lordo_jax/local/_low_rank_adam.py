@@ -6,9 +6,11 @@ term; the bases are strategies of :mod:`lordo_jax.local.bases`. It never
 communicates: :func:`lordo_jax.synchronize` refreshes its bases from the averaged
 pseudo-gradient through :attr:`LowRankAdam.refresh`, and low-rank DDP averages
 between its pieces (:mod:`lordo_jax.comm._projected_mean`).
+
+:func:`low_rank_adam` builds the transformation from closures over its options, as
+optax's own are built; the step of one shape group, batched, is :func:`_local_step`.
 """
 
-import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -71,8 +73,15 @@ class Projected(NamedTuple):
   bases: Any  # Each matrix's basis as project and unproject take it (formed once).
 
 
-class LowRankAdam(NamedTuple):
-  """An optax transformation with entry points into its step.
+_ENTRY_POINTS = ("refresh", "refresh_due", "project", "step")
+
+
+class LowRankAdam(optax.GradientTransformationExtraArgs):
+  """An ``optax.GradientTransformationExtraArgs`` with entry points into its step.
+
+  ``init`` and ``update`` are optax's (the two fields of the NamedTuple); the four entry
+  points are attributes of the instance, given by keyword:
+  ``LowRankAdam(init, update, refresh=..., refresh_due=..., project=..., step=...)``.
 
   ``refresh(state, source, *, first=False, mean=identity)`` recomputes every
   matrix's basis from the matching leaf of ``source`` (a tree like params) and
@@ -85,15 +94,60 @@ class LowRankAdam(NamedTuple):
   ``update`` is ``step(updates, s, project(updates, s))`` with ``s`` the state after
   the refresh ``refresh_due(count)`` calls for (``None``: never): a caller may
   replace the coordinates between the two.
+
+  The entry points travel with the transformation: it flattens as a pytree of its six
+  functions (``jax.tree.map`` maps all six), and ``copy.copy``, ``copy.deepcopy``,
+  ``_replace`` (of any of the six) and pickling keep them; like any optax transformation
+  built from closures, it pickles only with a pickler of closures (cloudpickle).
+  Equality, hashing, the repr and unpacking (``init, update = tx``) are the
+  NamedTuple's, over ``init`` and ``update``; optax's wrappers
+  (``optax.with_extra_args_support``, ``optax.chain``, ``optax.partition``) take it as
+  the ``GradientTransformationExtraArgs`` it is.
   """
 
-  init: Callable[[Any], "LowRankAdamState"]  # params -> the state before step 1.
-  update: Callable[..., tuple[Any, "LowRankAdamState"]]  # optax's update.
   refresh: Callable[..., "LowRankAdamState"]  # (state, source, *, first, mean) -> state.
   refresh_due: Callable[[jax.Array], jax.Array | None]  # count -> bool array, or None.
   project: Callable[[Any, "LowRankAdamState"], "Projected"]  # (updates, state) -> Projected.
   # (updates, state, projected) -> (updates, state): the step on given coordinates.
   step: Callable[[Any, "LowRankAdamState", "Projected"], tuple[Any, "LowRankAdamState"]]
+
+  def __new__(cls, init, update, *, refresh, refresh_due, project, step):
+    self = super().__new__(cls, init, update)
+    self.refresh, self.refresh_due, self.project, self.step = refresh, refresh_due, project, step
+    return self
+
+  def __getnewargs_ex__(self):  # copy and pickle: the entry points by keyword.
+    return (self.init, self.update), {name: getattr(self, name) for name in _ENTRY_POINTS}
+
+  def _replace(self, **changes) -> "LowRankAdam":
+    """A copy with the functions ``changes`` names (fields or entry points) replaced."""
+    functions = {name: getattr(self, name) for name in self._fields + _ENTRY_POINTS}
+    unknown = set(changes) - set(functions)
+    if unknown:
+      raise ValueError(f"LowRankAdam has no function {sorted(unknown)}; it has {list(functions)}")
+    return type(self)(**{**functions, **changes})
+
+
+def _flatten_with_keys(tx: LowRankAdam):
+  names = tx._fields + _ENTRY_POINTS
+  return [(jax.tree_util.GetAttrKey(name), getattr(tx, name)) for name in names], None
+
+
+def _unflatten(_, functions) -> LowRankAdam:
+  init, update, *entry_points = functions
+  return LowRankAdam(init, update, **dict(zip(_ENTRY_POINTS, entry_points, strict=True)))
+
+
+jax.tree_util.register_pytree_with_keys(
+  LowRankAdam,
+  _flatten_with_keys,
+  _unflatten,
+  lambda tx: ([getattr(tx, name) for name in tx._fields + _ENTRY_POINTS], None),
+)
+
+
+def _is_masked(x) -> bool:
+  return isinstance(x, optax.MaskedNode)
 
 
 def _is_node(x) -> bool:
@@ -107,397 +161,6 @@ def map_matrices(fn, moments, *trees):
     return m if isinstance(m, optax.MaskedNode) else fn(m, *xs)
 
   return jax.tree.map(one, moments, *trees, is_leaf=_is_node)
-
-
-def _listed(moments, tree) -> list:
-  """The matrices' entries of ``tree``, in order."""
-  entries = []
-  map_matrices(lambda m, x: entries.append(x), moments, tree)
-  return entries
-
-
-class _Config(NamedTuple):
-  """One :func:`scale_by_low_rank_adam`: its step's options, refresh policy and method."""
-
-  options: low_rank_options.LowRankOptions
-  refresh_every: int | None
-  init_projection: str
-  seed: int
-  matrix_axes: Any
-  method: bases_lib.Method
-
-
-def _axes_of(c: _Config, tree):
-  """The :class:`~lordo_jax.local._routing.MatrixAxes` of every leaf; an error for a non-matrix."""
-  axes = routing.route(tree, c.matrix_axes, c.options.rank)
-
-  def check(path, a):
-    if a == routing.FULL_RANK:
-      raise ValueError(
-        f"scale_by_low_rank_adam got the leaf {jax.tree_util.keystr(path)}, "
-        f"which is not a matrix with min(p, q) > rank={c.options.rank}. Send such leaves "
-        "to another transformation with optax.partition (lordo_jax.lordo does), "
-        "or label them with matrix_axes."
-      )
-    return a
-
-  is_masked = lambda x: isinstance(x, optax.MaskedNode)  # noqa: E731
-  return jax.tree_util.tree_map_with_path(check, axes, is_leaf=is_masked)
-
-
-def _strategy(c: _Config, x, axes) -> bases_lib.BasisStrategy:
-  """The basis strategy of the leaf ``x`` seen as a ``p x q`` matrix."""
-  return c.method.strategy(*routing.matrix_shape(x.shape, axes))
-
-
-def _matrix_spec(x, axes) -> tuple:
-  """The mesh axes of the rows and columns of a leaf's matrix, where they are two axes
-  of the leaf in order (after its batch axes); a reshaped leaf's matrix is taken as whole."""
-  batch = len(axes.batch_axes(x.ndim))
-  if x.ndim == batch + 2 and axes.normalized(x.ndim) == ((batch,), (batch + 1,)):
-    return sharded.spec_of(x)[batch:]
-  return (None, None)
-
-
-def _per_matrix(key: jax.Array, batch: tuple[int, ...]) -> jax.Array:
-  """One key per matrix of a stack of ``batch`` matrices, from ``key`` (itself for one)."""
-  if not batch:
-    return key
-  return jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(math.prod(batch))).reshape(batch)
-
-
-def _init_basis(s: bases_lib.BasisStrategy, key, batch: tuple[int, ...]):
-  """The basis ``init`` gives (random from ``key``, or a placeholder), for each matrix of
-  a stack of ``batch`` matrices (each its own key)."""
-  if not batch:
-    return s.init(key)
-  if key is None:
-    return jax.tree.map(lambda b: jnp.broadcast_to(b, batch + b.shape), s.init(None))
-  bases = jax.vmap(s.init)(_per_matrix(key, batch).reshape(-1))
-  return jax.tree.map(lambda b: b.reshape(batch + b.shape[1:]), bases)
-
-
-def _init_leaf(c: _Config, x, axes, key) -> LowRankMoments:
-  s = _strategy(c, x, axes)
-  batch = routing.batch_shape(x.shape, axes)
-  # Sharded like the matrix (Explicit mesh axes); two buffers, so a caller may donate.
-  spec = _matrix_spec(x, axes)
-  basis = _init_basis(s, key if c.init_projection == "random" else None, batch)
-  basis_spec = s.basis_spec(x) if x.ndim == 2 and spec != (None, None) else None
-  basis = jax.tree.map(lambda b: sharded.place(b, basis_spec, x), basis)
-  unsplit = (None,) * len(batch)
-  shape, coordinates_spec = batch + s.coordinates_shape, unsplit + s.coordinates_spec(spec)
-  mu = sharded.zeros(shape, jnp.float32, coordinates_spec, x)
-  nu = sharded.zeros(shape, jnp.float32, coordinates_spec, x)
-  if c.options.error_feedback:
-    shape = batch + routing.matrix_shape(x.shape, axes)
-    error = sharded.zeros(shape, jnp.dtype(c.options.error_feedback_dtype), unsplit + spec, x)
-  else:
-    error = ()
-  return LowRankMoments(basis, mu, nu, error)
-
-
-def _init(c: _Config, params) -> LowRankAdamState:
-  if isinstance(params, _ParamsPlaceholder):
-    # optax.tree_utils.tree_map_params's stand-in for the params (optax.masked passes it
-    # on alike): no shapes, so no groups; the moments are where it is, and its function
-    # maps every leaf of them, as it did a state kept per matrix (and GaLore's).
-    zero = jnp.zeros([], jnp.int32)
-    return LowRankAdamState(count=zero, moments=params, refresh_failures=zero)
-  # The moments are not shaped like their matrix: built from the values, so that no Flax
-  # Variable (and its parameter's metadata) holds them (lordo_jax/_tree_structure.py).
-  params = state_structure.values(params)
-  is_masked = lambda x: isinstance(x, optax.MaskedNode)  # noqa: E731
-  leaves, treedef = jax.tree.flatten(params, is_leaf=is_masked)
-  keys = list(jax.random.split(jax.random.key(c.seed), max(len(leaves), 1)))
-  keyed = jax.tree.unflatten(treedef, keys[: len(leaves)])
-  axes = _axes_of(c, params)
-  moments = jax.tree.map(
-    lambda x, a, k: x if is_masked(x) else _init_leaf(c, x, a, k),
-    params,
-    axes,
-    keyed,
-    is_leaf=is_masked,
-  )
-  matrices = [
-    routing.to_matrix(x, a)
-    for x, a in zip(_listed(moments, params), _listed(moments, axes), strict=True)
-  ]
-  grouped = GroupedMoments.of(
-    moments,
-    lambda x: isinstance(x, LowRankMoments),
-    shape_groups.groups(matrices),
-    [x.shape[:-2] for x in matrices],
-  )
-  return LowRankAdamState(
-    count=jnp.zeros([], jnp.int32),
-    moments=grouped,
-    refresh_failures=jnp.zeros([], jnp.int32),
-  )
-
-
-def _matrix_keys(c: _Config, moments: GroupedMoments, count, present: list[int]) -> dict:
-  """One PRNG key per matrix of ``present`` (an array of them for a leaf holding a batch
-  of matrices), from the seed, the step and the matrix's leaf: alike on every worker."""
-  base = jax.random.fold_in(jax.random.key(c.seed + 1), count)
-  layout = moments.layout
-  return {
-    i: _per_matrix(jax.random.fold_in(base, layout.matrices[i]), layout.batch_shapes[i])
-    for i in present
-  }
-
-
-class _Refreshed(NamedTuple):
-  """The part of a matrix's :class:`LowRankMoments` a refresh changes."""
-
-  basis: Any
-  mu: jax.Array
-  nu: jax.Array
-
-
-def _transported(c: _Config, s, m: _Refreshed, basis, ok, count, first) -> _Refreshed:
-  """The moments of a batch of matrices (one ``ok`` each) carried into their new bases
-  (``transport``)."""
-  if first is True:
-    return m._replace(basis=basis)
-  new_mu, new_nu = m.mu, m.nu
-  per_matrix = lambda flag: jnp.reshape(flag, jnp.shape(flag) + (1, 1))  # noqa: E731
-  if c.options.transport == "rotate":
-    rotated = moment_transport.rotate_moments(
-      s, m.mu, m.nu, basis, m.basis, count, c.options.b1, c.options.b2
-    )
-    unchanged = per_matrix(jnp.logical_or(first, ~ok))
-    new_mu = jnp.where(unchanged, m.mu, rotated[0])
-    new_nu = jnp.where(unchanged, m.nu, rotated[1])
-  elif c.options.transport == "reset":
-    new_mu = jnp.where(per_matrix(ok), jnp.zeros_like(m.mu), m.mu)
-    new_nu = jnp.where(per_matrix(ok), jnp.zeros_like(m.nu), m.nu)
-  return _Refreshed(basis, new_mu, new_nu)
-
-
-def _refresh(c: _Config, state, source, *, first=False, mean=lambda xs: xs) -> LowRankAdamState:
-  """:attr:`LowRankAdam.refresh`: new bases from ``source`` (its workers' ``mean``); a
-  matrix whose ``source`` leaf is ``optax.MaskedNode`` keeps its basis and moments.
-
-  Each shape group's matrices (those of them in ``source``) are refreshed, moments and
-  all, in one batched computation, on the group's stacks.
-  """
-  source = state_structure.values(source)
-  moments: GroupedMoments = state.moments
-  leaves = moments.leaves_of(source)
-  present = [i for i, x in enumerate(leaves) if not isinstance(x, optax.MaskedNode)]
-  axes = moments.leaves_of(_axes_of(c, moments.tree_of(leaves)))
-  matrices = {i: routing.to_matrix(leaves[i], axes[i]) for i in present}
-  keys = _matrix_keys(c, moments, state.count, present)
-  batch_shapes = moments.layout.batch_shapes
-  groups = [[i for i in group if i in matrices] for group in moments.layout.groups]
-  groups = [group for group in groups if group]
-
-  def stacked(items, group: list[int]):  # Along one axis, a group of one matrix too.
-    return shape_groups.stack([items[i] for i in group], [batch_shapes[i] for i in group])
-
-  def flat(part, group: list[int]):  # A group's state as stacked() stacks it.
-    return part if len(group) > 1 else stacked({group[0]: part}, group)
-
-  entries = [flat(moments.take(group), group) for group in groups]
-  strategies = [c.method.strategy(*matrices[group[0]].shape[-2:]) for group in groups]
-  results = c.method.bases_of_mean(
-    strategies,
-    [stacked(matrices, group) for group in groups],
-    [entry.basis for entry in entries],
-    [stacked(keys, group) for group in groups],
-    first,
-    mean,
-  )
-  parts, failures = {}, jnp.zeros([], jnp.int32)
-  for s, group, entry, (basis, ok) in zip(strategies, groups, entries, results, strict=True):
-    old = _Refreshed(entry.basis, entry.mu, entry.nu)
-    moved = LowRankMoments(*_transported(c, s, old, basis, ok, state.count, first), entry.error)
-    if len(group) == 1:
-      moved = shape_groups.unstack(moved, [batch_shapes[group[0]]])[0]
-    parts[tuple(group)] = moved
-    failures = failures + jnp.sum((~ok).astype(jnp.int32))
-  return state._replace(
-    moments=moments.put(parts), refresh_failures=state.refresh_failures + failures
-  )
-
-
-def _refresh_due(c: _Config, count):
-  """Whether the step ``count`` refreshes: 1, T + 1, 2T + 1, ... and/or 1; None: never."""
-  now = None
-  if c.refresh_every is not None:
-    now = (count - 1) % c.refresh_every == 0
-  if c.init_projection == "gradient":
-    now = count == 1 if now is None else now | (count == 1)
-  return now
-
-
-class _Listed(NamedTuple):
-  """A step's matrices in leaf order, and the groups of them it steps at once."""
-
-  moments: GroupedMoments  # The state, stored per shape group.
-  leaves: list  # The updates' leaves.
-  axes: list  # Their MatrixAxes.
-  matrices: list  # Their (*batch, p, q) matrices.
-  groups: list[list[int]]  # Shape groups (batched), or one matrix each (per matrix).
-
-  def stacked(self, items, group: list[int]):
-    """``items`` (one tree per matrix) of ``group`` along one leading axis, as a group's
-    state is stored (:func:`._moment_groups.stacked`)."""
-    shapes = [self.matrices[i].shape[:-2] for i in group]
-    return moment_groups.stacked([items[i] for i in group], shapes)
-
-  def unstacked(self, tree, group: list[int]) -> list:
-    """Inverse of :meth:`stacked`: one tree per matrix of ``group``."""
-    return moment_groups.unstacked(tree, [self.matrices[i].shape[:-2] for i in group])
-
-
-def _grouped(c: _Config, state, updates, compute: Callable[[_Listed], Any]) -> Any:
-  """``compute(listed)``, ``listed`` the matrices of ``updates`` grouped as the platform
-  the program is compiled for steps them (:func:`._shape_groups.step_grouped`: traced
-  once per grouping where they differ). The one place a local step's grouping is chosen:
-  ``compute`` gives a tree that does not depend on it."""
-  moments: GroupedMoments = state.moments
-  axes = moments.leaves_of(_axes_of(c, updates))
-  leaves = moments.leaves_of(updates)
-  matrices = [routing.to_matrix(g, a) for g, a in zip(leaves, axes, strict=True)]
-  return shape_groups.step_grouped(
-    [list(group) for group in moments.layout.groups],
-    lambda groups: compute(_Listed(moments, leaves, axes, matrices, groups)),
-  )
-
-
-class _GroupProjection(NamedTuple):
-  """:class:`Projected` of one shape group, stacked."""
-
-  coordinates: jax.Array
-  errors: jax.Array | None  # None without error feedback.
-  bases: Any
-
-
-def _projected_by_group(c: _Config, listed: _Listed) -> list[_GroupProjection]:
-  """``c = project(Q, G + E)`` and ``E = A - unproject(Q, c)``, one group at a time."""
-  projected = []
-  for group in listed.groups:
-    s = c.method.strategy(*listed.matrices[group[0]].shape[-2:])
-    kept = listed.moments.take(group)
-    q = s.dense(kept.basis)
-    fed = listed.stacked(listed.matrices, group).astype(jnp.float32)
-    if not c.options.error_feedback:
-      projected.append(_GroupProjection(s.project(q, fed), None, q))
-      continue
-    fed = fed + kept.error.astype(jnp.float32)
-    coordinates = s.project(q, fed)
-    new_errors = (fed - s.unproject(q, coordinates)).astype(kept.error.dtype)
-    projected.append(_GroupProjection(coordinates, new_errors, q))
-  return projected
-
-
-def _stepped_by_group(c: _Config, listed: _Listed, count, projected: list[_GroupProjection]):
-  """Every matrix's direction, and each group's new state, from its coordinates.
-
-  The moments of a group are updated on its stacks, in place; the full-rank term is
-  formed from each matrix's own gradient, so that the stacked gradient is dead after
-  the projection (its buffer then holds the low-rank direction).
-  """
-  o = c.options
-  directions, parts = [None] * len(listed.leaves), {}
-  for group, p in zip(listed.groups, projected, strict=True):
-    s = c.method.strategy(*listed.matrices[group[0]].shape[-2:])
-    kept = listed.moments.take(group)
-    new_mu = o.b1 * kept.mu + (1 - o.b1) * p.coordinates
-    new_nu = o.b2 * kept.nu + (1 - o.b2) * p.coordinates**2
-    denominator = jnp.sqrt(new_nu / (1 - o.b2**count)) + o.eps
-    numerator = qh_momentum(p.coordinates, new_mu / (1 - o.b1**count), o.qh_nu)
-    if o.low_rank_term == "adam":
-      numerator = numerator / denominator
-    low_rank_directions = listed.unstacked(s.unproject(p.bases, numerator), group)
-    scales = listed.unstacked(full_rank_scale(denominator, o.full_rank_scale, s.side), group)
-    errors = listed.unstacked(kept.error, group)
-    for k, i in enumerate(group):
-      matrix = listed.matrices[i].astype(jnp.float32)
-      if o.full_rank_numerator == "error_fed":
-        matrix = matrix + errors[k].astype(jnp.float32)
-      low_rank_direction = low_rank_directions[k]
-      direction = scaled_mix(matrix, low_rank_direction, scales[k], o.omega, o.full_rank_rescale)
-      g, a = listed.leaves[i], listed.axes[i]
-      directions[i] = routing.from_matrix(direction, a, tuple(g.shape)).astype(g.dtype)
-    error = kept.error if p.errors is None else p.errors  # Without error feedback: ().
-    parts[tuple(group)] = LowRankMoments(kept.basis, new_mu, new_nu, error)
-  return directions, parts
-
-
-def _stepped(c: _Config, state, listed: _Listed, projected: list[_GroupProjection]):
-  """The directions (a tree like the updates) and the state after the step."""
-  count = optax.safe_int32_increment(state.count)
-  directions, parts = _stepped_by_group(c, listed, count, projected)
-  new_state = state._replace(count=count, moments=state.moments.put(parts))
-  return state.moments.tree_of(directions), new_state
-
-
-def _projected(c: _Config, state, listed: _Listed) -> Projected:
-  """The projection of ``listed``'s groups (:func:`_projected_by_group`), as trees."""
-  n = len(listed.leaves)
-  coordinates, errors, bases = [None] * n, [None] * n, [None] * n
-  for group, p in zip(listed.groups, _projected_by_group(c, listed), strict=True):
-    coordinates_of = listed.unstacked(p.coordinates, group)
-    bases_of = listed.unstacked(p.bases, group)
-    kept = listed.unstacked(listed.moments.take(group).error, group)
-    errors_of = kept if p.errors is None else listed.unstacked(p.errors, group)
-    for k, i in enumerate(group):
-      coordinates[i], bases[i], errors[i] = coordinates_of[k], bases_of[k], errors_of[k]
-  as_tree = state.moments.tree_of
-  return Projected(as_tree(coordinates), as_tree(errors), as_tree(bases))
-
-
-def _project(c: _Config, updates, state) -> Projected:
-  """:attr:`LowRankAdam.project`: ``c = project(Q, G + E)`` and ``E = A - unproject(Q, c)``."""
-  updates = state_structure.values(updates)
-  return _grouped(c, state, updates, functools.partial(_projected, c, state))
-
-
-def _step(c: _Config, updates, state, projected: Projected):
-  """:attr:`LowRankAdam.step`: the moments and the direction from given coordinates."""
-  coordinates = state.moments.leaves_of(projected.coordinates)
-  errors = state.moments.leaves_of(projected.errors)
-  bases = state.moments.leaves_of(projected.bases)
-
-  def step(listed: _Listed):
-    groups = [
-      _GroupProjection(
-        listed.stacked(coordinates, group),
-        listed.stacked(errors, group) if c.options.error_feedback else None,
-        listed.stacked(bases, group),
-      )
-      for group in listed.groups
-    ]
-    return _stepped(c, state, listed, groups)
-
-  directions, state = _grouped(c, state, state_structure.values(updates), step)
-  return state_structure.like(updates, directions), state
-
-
-def _update(c: _Config, updates, state, params=None):
-  """Refresh when due, then project and step, each shape group in one batched computation."""
-  del params
-  given, updates = updates, state_structure.values(updates)
-  count = optax.safe_int32_increment(state.count)
-  now = _refresh_due(c, count)
-  if now is not None:
-    state = jax.lax.cond(now, lambda: _refresh(c, state, updates, first=count == 1), lambda: state)
-
-  def step(listed: _Listed):
-    return _stepped(c, state, listed, _projected_by_group(c, listed))
-
-  directions, state = _grouped(c, state, updates, step)
-  return state_structure.like(given, directions), state
-
-
-def _basis_options(options: low_rank_options.LowRankOptions) -> bases_lib.Options:
-  """The step's options that :class:`~lordo_jax.local.bases.Options` has, by name
-  (``None``: its default, written there)."""
-  given = {name: getattr(options, name) for name in bases_lib.Options._fields}
-  return bases_lib.Options(**{name: value for name, value in given.items() if value is not None})
 
 
 @keywords.takes(low_rank_options.STEP_KEYWORDS)
@@ -608,8 +271,10 @@ def scale_by_low_rank_adam(
       ``low_rank_labels`` gives them (:class:`lordo_jax.MatrixAxes` per leaf).
 
   Returns:
-    A :class:`LowRankAdam`; it never communicates (low-rank DDP's
-    ``communicate="projected"`` averages between its pieces).
+    A :class:`LowRankAdam`: an ``optax.GradientTransformationExtraArgs`` whose
+    ``init`` and ``update`` are optax's, with the entry points ``refresh``,
+    ``refresh_due``, ``project`` and ``step`` as attributes. It never communicates
+    (low-rank DDP's ``communicate="projected"`` averages between its pieces).
 
   Examples:
     >>> import jax.numpy as jnp, optax, lordo_jax
@@ -645,25 +310,348 @@ def low_rank_adam(
   matrix_axes: Any,
 ) -> LowRankAdam:
   """:func:`scale_by_low_rank_adam` from its options; every option checked, in ``who``'s
-  name (the method that built them)."""
+  name (the method that built them). Its functions are closures over the options."""
   low_rank_options.check_options(who, options)
   checks.one_of(who, "init_projection", init_projection, INIT_PROJECTIONS)
-  c = _Config(
-    options=options,
-    refresh_every=refresh_every,
-    init_projection=init_projection,
-    seed=0 if seed is None else seed,
-    matrix_axes=matrix_axes,
-    method=bases_lib.method(
-      options.projection, two_sided=options.two_sided, options=_basis_options(options)
-    ),
-  )
-  init = functools.partial(_init, c)
+  o = options
+  seed = 0 if seed is None else seed
+  method = bases_lib.method(o.projection, two_sided=o.two_sided, options=_basis_options(o))
+
+  def axes_of(tree):
+    """The :class:`~lordo_jax.local._routing.MatrixAxes` of every leaf of ``tree``."""
+    return _axes_of(tree, matrix_axes, o.rank)
+
+  def strategy(matrix: jax.Array) -> bases_lib.BasisStrategy:
+    """The basis strategy of a ``(*batch, p, q)`` matrix."""
+    return method.strategy(*matrix.shape[-2:])
+
+  def init_fn(params):
+    if isinstance(params, _ParamsPlaceholder):
+      # optax.tree_utils.tree_map_params's stand-in for the params (optax.masked passes
+      # it on alike): no shapes, so no groups; the moments are where it is, and its
+      # function maps every leaf of them, as it did a state kept per matrix (and GaLore's).
+      zero = jnp.zeros([], jnp.int32)
+      return LowRankAdamState(count=zero, moments=params, refresh_failures=zero)
+    # The moments are not shaped like their matrix: built from the values, so that no
+    # Flax Variable (and its parameter's metadata) holds them (lordo_jax/_tree_structure.py).
+    params = state_structure.values(params)
+    leaves, treedef = jax.tree.flatten(params, is_leaf=_is_masked)
+    keys = list(jax.random.split(jax.random.key(seed), max(len(leaves), 1)))
+    keyed = jax.tree.unflatten(treedef, keys[: len(leaves)])
+    axes = axes_of(params)
+
+    def init_matrix(x, a, key):
+      if _is_masked(x):
+        return x
+      s = method.strategy(*routing.matrix_shape(x.shape, a))
+      return _init_moments(o, s, x, a, key if init_projection == "random" else None)
+
+    moments = jax.tree.map(init_matrix, params, axes, keyed, is_leaf=_is_masked)
+    is_matrix = lambda x: isinstance(x, LowRankMoments)  # noqa: E731
+    matrices = [
+      routing.to_matrix(x, a)
+      for x, a in zip(_listed(moments, params), _listed(moments, axes), strict=True)
+    ]
+    return LowRankAdamState(
+      count=jnp.zeros([], jnp.int32),
+      moments=GroupedMoments.of(
+        moments, is_matrix, shape_groups.groups(matrices), [x.shape[:-2] for x in matrices]
+      ),
+      refresh_failures=jnp.zeros([], jnp.int32),
+    )
+
+  def refresh_due(count):
+    """Whether the step ``count`` refreshes: 1, T + 1, 2T + 1, ... and/or 1; None: never."""
+    now = None
+    if refresh_every is not None:
+      now = (count - 1) % refresh_every == 0
+    if init_projection == "gradient":
+      now = count == 1 if now is None else now | (count == 1)
+    return now
+
+  def refresh(state, source, *, first=False, mean=lambda xs: xs) -> LowRankAdamState:
+    """New bases from ``source`` (its workers' ``mean``); a matrix whose ``source`` leaf
+    is ``optax.MaskedNode`` keeps its basis and moments.
+
+    Each shape group's matrices (those of them in ``source``) are refreshed, moments and
+    all, in one batched computation, on the group's stacks.
+    """
+    source = state_structure.values(source)
+    moments: GroupedMoments = state.moments
+    leaves = moments.leaves_of(source)
+    present = [i for i, x in enumerate(leaves) if not _is_masked(x)]
+    axes = moments.leaves_of(axes_of(moments.tree_of(leaves)))
+    matrices = {i: routing.to_matrix(leaves[i], axes[i]) for i in present}
+    keys = _matrix_keys(seed, moments, state.count, present)
+    batch_shapes = moments.layout.batch_shapes
+    groups = [[i for i in group if i in matrices] for group in moments.layout.groups]
+    groups = [group for group in groups if group]
+
+    def stacked(items, group: list[int]):  # Along one axis, a group of one matrix too.
+      return shape_groups.stack([items[i] for i in group], [batch_shapes[i] for i in group])
+
+    def flat(part, group: list[int]):  # A group's state as stacked() stacks it.
+      return part if len(group) > 1 else stacked({group[0]: part}, group)
+
+    entries = [flat(moments.take(group), group) for group in groups]
+    strategies = [strategy(matrices[group[0]]) for group in groups]
+    results = method.bases_of_mean(
+      strategies,
+      [stacked(matrices, group) for group in groups],
+      [entry.basis for entry in entries],
+      [stacked(keys, group) for group in groups],
+      first,
+      mean,
+    )
+    parts, failures = {}, jnp.zeros([], jnp.int32)
+    for s, group, entry, (basis, ok) in zip(strategies, groups, entries, results, strict=True):
+      moved = _transported(o, s, entry, basis, ok, state.count, first)
+      if len(group) == 1:
+        moved = shape_groups.unstack(moved, [batch_shapes[group[0]]])[0]
+      parts[tuple(group)] = moved
+      failures = failures + jnp.sum((~ok).astype(jnp.int32))
+    return state._replace(
+      moments=moments.put(parts), refresh_failures=state.refresh_failures + failures
+    )
+
+  def project(updates, state) -> Projected:
+    """``c = project(Q, G + E)`` and ``E = A - unproject(Q, c)`` (:func:`_projection`)."""
+    updates = state_structure.values(updates)
+    leaves, axes = state.moments.leaves_of(updates), state.moments.leaves_of(axes_of(updates))
+
+    def project_group(group, gradients):
+      kept, shapes = state.moments.take(group), [g.shape[:-2] for g in gradients]
+      c, error, q = _projection(o, strategy(gradients[0]), kept, gradients)
+      per_matrix = [moment_groups.unstacked(x, shapes) for x in (c, error, q)]
+      return list(zip(*per_matrix, strict=True)), None
+
+    projected, _ = _grouped(state.moments, leaves, axes, project_group)
+    c, errors, q = ([entry[k] for entry in projected] for k in range(3))
+    as_tree = state.moments.tree_of
+    return Projected(as_tree(c), as_tree(errors), as_tree(q))
+
+  def stepped(updates, state, count, projected: Projected | None):
+    """The directions (a tree like ``updates``) and the state after step ``count``, from
+    the coordinates ``projected`` gives, or projected here (``None``)."""
+    given, updates = updates, state_structure.values(updates)
+    leaves, axes = state.moments.leaves_of(updates), state.moments.leaves_of(axes_of(updates))
+    # (c, E, Q): lists of the matrices' entries, or None.
+    given_leaves = None if projected is None else [state.moments.leaves_of(x) for x in projected]
+
+    def step_group(group, gradients):
+      kept, shapes = state.moments.take(group), [g.shape[:-2] for g in gradients]
+      projection = None
+      if given_leaves is not None:  # (c, E, Q) stacked as the group's state is.
+        c, errors, q = ([x[i] for i in group] for x in given_leaves)
+        error = moment_groups.stacked(errors, shapes) if o.error_feedback else kept.error
+        projection = (moment_groups.stacked(c, shapes), error, moment_groups.stacked(q, shapes))
+      s = strategy(gradients[0])
+      directions, part = _local_step(o, s, kept, gradients, count, projection)
+      return [
+        routing.from_matrix(d, axes[i], tuple(leaves[i].shape)).astype(leaves[i].dtype)
+        for d, i in zip(directions, group, strict=True)
+      ], part
+
+    directions, moments = _grouped(state.moments, leaves, axes, step_group)
+    new_state = state._replace(count=count, moments=moments)
+    return state_structure.like(given, state.moments.tree_of(directions)), new_state
+
+  def step(updates, state, projected: Projected):
+    """The moments and the direction from given coordinates (:func:`_local_step`)."""
+    return stepped(updates, state, optax.safe_int32_increment(state.count), projected)
+
+  def update_fn(updates, state, params=None, **extra_args):
+    """Refresh when due, then project and step, each shape group in one batched
+    computation where the compile target batches (:func:`_grouped`)."""
+    del params, extra_args
+    count = optax.safe_int32_increment(state.count)
+    now = refresh_due(count)
+    if now is not None:
+      source = state_structure.values(updates)
+      state = jax.lax.cond(now, lambda: refresh(state, source, first=count == 1), lambda: state)
+    return stepped(updates, state, count, None)
+
   return LowRankAdam(
-    init=init,
-    update=state_structure.conformed(init, functools.partial(_update, c), who),
-    refresh=functools.partial(_refresh, c),
-    refresh_due=functools.partial(_refresh_due, c),
-    project=functools.partial(_project, c),
-    step=functools.partial(_step, c),
+    init_fn,
+    state_structure.conformed(init_fn, update_fn, who),
+    refresh=refresh,
+    refresh_due=refresh_due,
+    project=project,
+    step=step,
   )
+
+
+def _local_step(o: low_rank_options.LowRankOptions, s, kept, gradients: list, count, given=None):
+  r"""MATH.md §3 for the matrices of one shape group, batched: each one's direction and
+  the group's new :class:`LowRankMoments`.
+
+  ``kept`` is the group's state stacked as it stores it (:meth:`GroupedMoments.take`),
+  ``gradients`` each matrix's ``(*batch, p, q)`` gradient, ``s`` their basis strategy
+  and ``count`` the step t. ``given``: the projection ``(c, E, Q)`` stacked alike (the
+  coordinates low-rank DDP averaged), or ``None`` to project here. The moments are
+  updated on the group's stacks; the full-rank term is formed from each matrix's own
+  gradient, so that the stacked gradient is dead after the projection (its buffer then
+  holds the low-rank direction).
+  """
+  # c = Q^T (G + E), E <- A - Q c (error feedback only).
+  c, error, q = _projection(o, s, kept, gradients) if given is None else given
+  new_mu = o.b1 * kept.mu + (1 - o.b1) * c
+  new_nu = o.b2 * kept.nu + (1 - o.b2) * c**2
+  denominator = jnp.sqrt(new_nu / (1 - o.b2**count)) + o.eps  # D
+  numerator = qh_momentum(c, new_mu / (1 - o.b1**count), o.qh_nu)  # u_hat (QH: with c)
+  if o.low_rank_term == "adam":
+    numerator = numerator / denominator
+  shapes = [g.shape[:-2] for g in gradients]
+  low_rank = moment_groups.unstacked(s.unproject(q, numerator), shapes)  # L
+  scales = moment_groups.unstacked(full_rank_scale(denominator, o.full_rank_scale, s.side), shapes)
+  errors = moment_groups.unstacked(kept.error, shapes)  # E before this step.
+  directions = []
+  for gradient, direction, scale, e in zip(gradients, low_rank, scales, errors, strict=True):
+    full_rank = gradient.astype(jnp.float32)  # F = G / (mu s), or (G + E) / (mu s).
+    if o.full_rank_numerator == "error_fed":
+      full_rank = full_rank + e.astype(jnp.float32)
+    directions.append(scaled_mix(full_rank, direction, scale, o.omega, o.full_rank_rescale))
+  return directions, LowRankMoments(kept.basis, new_mu, new_nu, error)
+
+
+def _projection(o: low_rank_options.LowRankOptions, s, kept, gradients: list):
+  """``(c, E, Q)`` of one shape group, stacked: ``c = project(Q, A)`` with ``A = G + E``,
+  the new residual ``E = A - unproject(Q, c)`` (the kept ``E`` without error feedback),
+  and ``Q`` the basis formed once for both products."""
+  q = s.dense(kept.basis)
+  fed = moment_groups.stacked(gradients, [g.shape[:-2] for g in gradients]).astype(jnp.float32)
+  if not o.error_feedback:
+    return s.project(q, fed), kept.error, q
+  fed = fed + kept.error.astype(jnp.float32)
+  coordinates = s.project(q, fed)
+  return coordinates, (fed - s.unproject(q, coordinates)).astype(kept.error.dtype), q
+
+
+def _grouped(moments: GroupedMoments, leaves: list, axes: list, step_group) -> tuple[list, Any]:
+  """``step_group(group, gradients)`` for every group of matrices the compile target steps
+  at once (:func:`._shape_groups.step_grouped`: the shape groups on a GPU or TPU, one
+  matrix each on a CPU), ``gradients`` the group's ``(*batch, p, q)`` matrices of
+  ``leaves``. ``step_group`` gives one output per matrix of the group and its new state
+  (as :meth:`GroupedMoments.take` gives it), or ``None``; returns the outputs in leaf
+  order and ``moments`` with the new states, alike whatever the grouping."""
+  matrices = [routing.to_matrix(x, a) for x, a in zip(leaves, axes, strict=True)]
+
+  def step(groups: list[list[int]]):
+    outputs, parts = [None] * len(matrices), {}
+    for group in groups:
+      per_matrix, part = step_group(group, [matrices[i] for i in group])
+      for i, output in zip(group, per_matrix, strict=True):
+        outputs[i] = output
+      if part is not None:
+        parts[tuple(group)] = part
+    return outputs, moments.put(parts)
+
+  return shape_groups.step_grouped([list(group) for group in moments.layout.groups], step)
+
+
+def _transported(o, s, m: LowRankMoments, basis, ok, count, first) -> LowRankMoments:
+  """The state ``m`` of a batch of matrices (one ``ok`` each) with their new bases, the
+  moments carried into them (``transport``, MATH.md §4.6)."""
+  if first is True:
+    return m._replace(basis=basis)
+  new_mu, new_nu = m.mu, m.nu
+  per_matrix = lambda flag: jnp.reshape(flag, jnp.shape(flag) + (1, 1))  # noqa: E731
+  if o.transport == "rotate":
+    rotated = moment_transport.rotate_moments(s, m.mu, m.nu, basis, m.basis, count, o.b1, o.b2)
+    unchanged = per_matrix(jnp.logical_or(first, ~ok))
+    new_mu = jnp.where(unchanged, m.mu, rotated[0])
+    new_nu = jnp.where(unchanged, m.nu, rotated[1])
+  elif o.transport == "reset":
+    new_mu = jnp.where(per_matrix(ok), jnp.zeros_like(m.mu), m.mu)
+    new_nu = jnp.where(per_matrix(ok), jnp.zeros_like(m.nu), m.nu)
+  return m._replace(basis=basis, mu=new_mu, nu=new_nu)
+
+
+def _axes_of(tree, matrix_axes, rank: int):
+  """The :class:`~lordo_jax.local._routing.MatrixAxes` of every leaf; an error for a non-matrix."""
+  axes = routing.route(tree, matrix_axes, rank)
+
+  def check(path, a):
+    if a == routing.FULL_RANK:
+      raise ValueError(
+        f"scale_by_low_rank_adam got the leaf {jax.tree_util.keystr(path)}, "
+        f"which is not a matrix with min(p, q) > rank={rank}. Send such leaves "
+        "to another transformation with optax.partition (lordo_jax.lordo does), "
+        "or label them with matrix_axes."
+      )
+    return a
+
+  return jax.tree_util.tree_map_with_path(check, axes, is_leaf=_is_masked)
+
+
+def _listed(moments, tree) -> list:
+  """The matrices' entries of ``tree``, in order."""
+  entries = []
+  map_matrices(lambda m, x: entries.append(x), moments, tree)
+  return entries
+
+
+def _matrix_spec(x, axes) -> tuple:
+  """The mesh axes of the rows and columns of a leaf's matrix, where they are two axes
+  of the leaf in order (after its batch axes); a reshaped leaf's matrix is taken as whole."""
+  batch = len(axes.batch_axes(x.ndim))
+  if x.ndim == batch + 2 and axes.normalized(x.ndim) == ((batch,), (batch + 1,)):
+    return sharded.spec_of(x)[batch:]
+  return (None, None)
+
+
+def _per_matrix(key: jax.Array, batch: tuple[int, ...]) -> jax.Array:
+  """One key per matrix of a stack of ``batch`` matrices, from ``key`` (itself for one)."""
+  if not batch:
+    return key
+  return jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(math.prod(batch))).reshape(batch)
+
+
+def _init_basis(s: bases_lib.BasisStrategy, key, batch: tuple[int, ...]):
+  """The basis ``init`` gives (random from ``key``, or a placeholder), for each matrix of
+  a stack of ``batch`` matrices (each its own key)."""
+  if not batch:
+    return s.init(key)
+  if key is None:
+    return jax.tree.map(lambda b: jnp.broadcast_to(b, batch + b.shape), s.init(None))
+  bases = jax.vmap(s.init)(_per_matrix(key, batch).reshape(-1))
+  return jax.tree.map(lambda b: b.reshape(batch + b.shape[1:]), bases)
+
+
+def _init_moments(o, s: bases_lib.BasisStrategy, x, axes, key) -> LowRankMoments:
+  """The state of the leaf ``x`` before step 1: its basis (random from ``key``, or a
+  placeholder for ``None``), zero moments and error buffer."""
+  batch = routing.batch_shape(x.shape, axes)
+  # Sharded like the matrix (Explicit mesh axes); two buffers, so a caller may donate.
+  spec = _matrix_spec(x, axes)
+  basis = _init_basis(s, key, batch)
+  basis_spec = s.basis_spec(x) if x.ndim == 2 and spec != (None, None) else None
+  basis = jax.tree.map(lambda b: sharded.place(b, basis_spec, x), basis)
+  unsplit = (None,) * len(batch)
+  shape, coordinates_spec = batch + s.coordinates_shape, unsplit + s.coordinates_spec(spec)
+  mu = sharded.zeros(shape, jnp.float32, coordinates_spec, x)
+  nu = sharded.zeros(shape, jnp.float32, coordinates_spec, x)
+  if o.error_feedback:
+    shape = batch + routing.matrix_shape(x.shape, axes)
+    error = sharded.zeros(shape, jnp.dtype(o.error_feedback_dtype), unsplit + spec, x)
+  else:
+    error = ()
+  return LowRankMoments(basis, mu, nu, error)
+
+
+def _matrix_keys(seed: int, moments: GroupedMoments, count, present: list[int]) -> dict:
+  """One PRNG key per matrix of ``present`` (an array of them for a leaf holding a batch
+  of matrices), from the seed, the step and the matrix's leaf: alike on every worker."""
+  base = jax.random.fold_in(jax.random.key(seed + 1), count)
+  layout = moments.layout
+  return {
+    i: _per_matrix(jax.random.fold_in(base, layout.matrices[i]), layout.batch_shapes[i])
+    for i in present
+  }
+
+
+def _basis_options(options: low_rank_options.LowRankOptions) -> bases_lib.Options:
+  """The step's options that :class:`~lordo_jax.local.bases.Options` has, by name
+  (``None``: its default, written there)."""
+  given = {name: getattr(options, name) for name in bases_lib.Options._fields}
+  return bases_lib.Options(**{name: value for name, value in given.items() if value is not None})
