@@ -80,8 +80,8 @@ class LowRankAdam(optax.GradientTransformationExtraArgs):
   """An ``optax.GradientTransformationExtraArgs`` with entry points into its step.
 
   ``init`` and ``update`` are optax's (the two fields of the NamedTuple); the four entry
-  points are attributes of the instance, given by keyword:
-  ``LowRankAdam(init, update, refresh=..., refresh_due=..., project=..., step=...)``.
+  points are attributes of the instance, given to the constructor by keyword after
+  ``init`` and ``update``.
 
   ``refresh(state, source, *, first=False, mean=identity)`` recomputes every
   matrix's basis from the matching leaf of ``source`` (a tree like params) and
@@ -105,11 +105,14 @@ class LowRankAdam(optax.GradientTransformationExtraArgs):
   the ``GradientTransformationExtraArgs`` it is.
   """
 
-  refresh: Callable[..., "LowRankAdamState"]  # (state, source, *, first, mean) -> state.
-  refresh_due: Callable[[jax.Array], jax.Array | None]  # count -> bool array, or None.
-  project: Callable[[Any, "LowRankAdamState"], "Projected"]  # (updates, state) -> Projected.
-  # (updates, state, projected) -> (updates, state): the step on given coordinates.
+  refresh: Callable[..., "LowRankAdamState"]
+  """``(state, source, *, first, mean) -> state``: new bases from ``source``."""
+  refresh_due: Callable[[jax.Array], jax.Array | None]
+  """``count -> bool array``, whether step ``count`` refreshes; or ``None``: never."""
+  project: Callable[[Any, "LowRankAdamState"], "Projected"]
+  """``(updates, state) -> Projected``: the step's coordinates, error buffers and bases."""
   step: Callable[[Any, "LowRankAdamState", "Projected"], tuple[Any, "LowRankAdamState"]]
+  """``(updates, state, projected) -> (updates, state)``: the step on given coordinates."""
 
   def __new__(cls, init, update, *, refresh, refresh_due, project, step):
     self = super().__new__(cls, init, update)
