@@ -489,7 +489,7 @@ def train(
   opt_state = jax.device_put(opt_state, shardings)
   batch_sharding = NamedSharding(mesh, P(AXIS, DATA_AXIS))
   layout = (jax.tree.map(lambda x: x.sharding, params), shardings, NamedSharding(mesh, P(AXIS)))
-  steps = {}  # One program per phase (step_phase): two with rounds, one without.
+  steps = {}  # One program per phase (step_phase): three with rounds, one without.
 
   overlap, fragments = overlap_of(method, config), fragments_of(method, config)
   rounds = {}  # The round's update count at the first step of this run (round_updates).
