@@ -212,10 +212,10 @@ def orthonormal(ys: list[jax.Array]) -> list[tuple[jax.Array, jax.Array]]:
   :data:`ORTHONORMALITY_TOLERANCE` (rank-deficient, zero, or conditioned beyond
   :math:`10^7`) falls back, alone, to Householder QR, inside one ``lax.cond`` that runs
   only when some matrix failed (compiled for an accelerator, the Householder QRs of
-  every ``y`` are one batched call: :func:`_householder_qs`); ``ok`` (one per matrix, shaped like the batch) is then
-  true wherever the result is finite. A ``y`` split by rows over a mesh axis (FSDP)
-  has no fallback, which would gather it: ``ok`` is false where Cholesky-QR failed,
-  and the caller keeps its previous basis there.
+  every ``y`` are one batched call: :func:`_householder_qs`); ``ok`` (one per matrix,
+  shaped like the batch) is then true wherever the result is finite. A ``y`` split by
+  rows over a mesh axis (FSDP) has no fallback, which would gather it: ``ok`` is false
+  where Cholesky-QR failed, and the caller keeps its previous basis there.
 
   References:
     Fukaya, Kannan, Nakatsukasa, Yamamoto and Yanagisawa, Shifted Cholesky QR for
