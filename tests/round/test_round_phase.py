@@ -172,8 +172,9 @@ def test_the_local_program_holds_no_conditional_and_copies_no_state(method):
 def test_the_boundary_program_holds_no_conditional_of_the_round(method):
   """With one fragment the boundary runs its round unconditionally: the only
   conditionals left are the refresh's (the orthonormalisation's fallback, run when a
-  factorization fails), and the state is not copied through a branch. With fragments
-  the program does not know whose round ends: each keeps its conditional."""
+  factorization fails). With fragments the program does not know whose round ends:
+  each keeps its conditional. (What it saves on a GPU, the copies of the state through
+  a branch, is read from the GPU program: tests/local/test_step_launches_target.py.)"""
   tx = METHODS[method](None)
   boundary, whole = hlo_of(tx, "boundary"), hlo_of(tx, None)
   count = lambda hlo: hlo.count(" conditional(")  # noqa: E731
@@ -184,7 +185,6 @@ def test_the_boundary_program_holds_no_conditional_of_the_round(method):
   assert count(boundary) <= count(whole) - (2 if method == "lordo" else 1)
   if method == "diloco":
     assert count(boundary) == 0
-  assert copied_elements(boundary) < copied_elements(whole)
 
 
 def test_a_program_run_at_an_update_of_another_phase_returns_nan_updates():
