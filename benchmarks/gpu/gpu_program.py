@@ -496,7 +496,13 @@ def read(program: Program, dump: pathlib.Path) -> dict:
     - memory.alias_size_in_bytes
   )
   kinds = collections.Counter(launch.kind for launch in launches)
-  command_buffers = len(re.findall(r'thunk_kind: "kCommandBuffer"', written[0].read_text()))
+  metadata = written[0].read_text()
+  command_buffers = len(re.findall(r'thunk_kind: "kCommandBuffer"', metadata))
+  # Solver calls by operation (cholesky, triangular-solve, geqrf, svd...): their names
+  # without the instruction's number.
+  solver_calls = collections.Counter(
+    re.sub(r"[.\d]+$", "", t.name) for t in thunks(metadata) if launch_kind(t) == "solver"
+  )
   summary = schedule.schedule_summary(text)
   return {
     "name": program.name,
@@ -506,6 +512,7 @@ def read(program: Program, dump: pathlib.Path) -> dict:
     "launches": len(launches),
     **{kind: kinds.get(kind, 0) for kind in LAUNCH_KINDS},
     "command_buffers": command_buffers,
+    "solver_calls": dict(sorted(solver_calls.items())),
     "temp_bytes": memory.temp_size_in_bytes,
     "peak_bytes": peak,
     "kernel_bytes": sum(launch.bytes for launch in launches if not launch.collective),
