@@ -2,7 +2,7 @@ r"""The paper's claims over many rounds: the quality study at 4x and 8x its step
 
     python benchmarks/paper/long_horizon.py             # 1,024 and 2,048 steps: many CPU-hours
     python benchmarks/paper/long_horizon.py --cached    # report what is cached, train nothing
-    python benchmarks/paper/long_horizon.py --quick     # tiny preset, 96 steps: about a minute
+    python benchmarks/paper/long_horizon.py --quick     # tiny preset, 48 steps: about a minute
 
 The quality study (:mod:`quality`) trains 256 steps, 16 rounds of K = 16. This study
 trains the same model, data, workers, rank and K for ``--horizons`` steps (default 1,024
@@ -441,11 +441,11 @@ def add_options(parser: argparse.ArgumentParser) -> None:
 
 def main(argv=None) -> int:
   args = studies.parse_args(
-    __doc__, "tiny preset, 96 steps, LoRDO and low-rank DDP, 1 seed", argv, extra=add_options
+    __doc__, "tiny preset, 48 steps, LoRDO and low-rank DDP, 1 seed", argv, extra=add_options
   )
   start = time.perf_counter()
   study = quality.QUICK if args.quick else quality.FULL
-  horizons = (96,) if args.quick else tuple(sorted(int(h) for h in args.horizons.split(",")))
+  horizons = (48,) if args.quick else tuple(sorted(int(h) for h in args.horizons.split(",")))
   groups = QUICK_GROUPS if args.quick else GROUPS
   args.flags = ["--cached"] if args.cached else []
   short = json.loads((args.out / quality_report.JSON_NAME).read_text())

@@ -1,7 +1,7 @@
 r"""The paper's protocol as a whole on the LM, next to ours (docs/FIDELITY.md).
 
     python benchmarks/paper/paper_protocol.py          # small preset, 768 steps, 3 seeds: ~1 h
-    python benchmarks/paper/paper_protocol.py --quick  # tiny, 96 steps, 1 seed, two arms: ~1.5 min
+    python benchmarks/paper/paper_protocol.py --quick  # tiny, 48 steps, 1 seed, two arms: ~1.5 min
 
 Each arm is one ``examples/main.py`` command training LoRDO and low-rank DDP on the
 ``small`` preset for 768 steps (48 rounds of K = 16; 8 workers, batch 8, r = 32):
@@ -77,7 +77,7 @@ ARMS = {
 
 def command(arm: str, seed: int, quick: bool, work: pathlib.Path) -> list[str]:
   """The ``examples/main.py`` command of one arm and seed."""
-  steps, warm = (96, 32) if quick else (768, 256)
+  steps, warm = (48, 16) if quick else (768, 256)
   preset = "tiny" if quick else "small"
   flags = [f.format(warm=warm) for f in ARMS[arm]]
   return [
@@ -157,7 +157,7 @@ def markdown(rows: list[dict]) -> list[str]:
 
 
 def main(argv=None) -> int:
-  args = studies.parse_args(__doc__, "tiny preset, 96 steps, 1 seed, the paper and ours", argv)
+  args = studies.parse_args(__doc__, "tiny preset, 48 steps, 1 seed, the paper and ours", argv)
   start = time.perf_counter()
   seeds = (0,) if args.quick else (0, 1, 2)
   # The arms' checkpoints and plots: beside a quick run's results, else in runs/ (ignored).

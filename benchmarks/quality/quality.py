@@ -1,7 +1,7 @@
 r"""Quality against communication on the example LM, and the paper's four claims.
 
     python benchmarks/quality/quality.py          # the full study: small preset, 1-3 h on 2 cores
-    python benchmarks/quality/quality.py --quick  # tiny preset, 48 steps, 1 seed: about 2 min
+    python benchmarks/quality/quality.py --quick  # tiny preset, 24 steps, 1 seed: about 2 min
 
 Every variant of :data:`variants.QUALITY` trains the same model from the same
 initialisation on the same data (8 simulated workers, the same steps and batch, so
@@ -89,7 +89,7 @@ FULL = Study(
 )
 QUICK = Study(
   preset="tiny",
-  steps=48,
+  steps=24,
   rank=8,
   batch_size=8,
   sync_every=8,
@@ -151,7 +151,7 @@ def run_study(study: Study, cache: pathlib.Path, *, fresh: bool = False) -> dict
 
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  parser.add_argument("--quick", action="store_true", help="tiny preset, 48 steps, 1 seed")
+  parser.add_argument("--quick", action="store_true", help="tiny preset, 24 steps, 1 seed")
   parser.add_argument("--out", type=pathlib.Path, default=None, help="where results go")
   parser.add_argument("--cache", type=pathlib.Path, default=None, help="default: <out>/runs/lm")
   parser.add_argument("--fresh", action="store_true", help="retrain runs already cached")

@@ -51,12 +51,13 @@ METHODS = {
   "lordo_int8": lambda axis: lordo_jax.lordo(
     1e-2, rank=4, sync_every=K, axis_name=axis, compression="int8"
   ),
-  # As an optax user tunes the rate: the phase passes through inject_hyperparams.
-  "lordo_inject_hyperparams": lambda axis: optax.inject_hyperparams(
-    lordo_jax.lordo, static_args=("rank", "sync_every", "axis_name")
-  )(learning_rate=1e-2, rank=4, sync_every=K, axis_name=axis),
-  "lordo_chain": lambda axis: optax.chain(
-    optax.clip_by_global_norm(1.0), lordo_jax.lordo(1e-2, rank=4, sync_every=K, axis_name=axis)
+  # As an optax user clips and tunes the rate: the phase passes through a chain and
+  # inject_hyperparams.
+  "lordo_chain_inject_hyperparams": lambda axis: optax.chain(
+    optax.clip_by_global_norm(1.0),
+    optax.inject_hyperparams(lordo_jax.lordo, static_args=("rank", "sync_every", "axis_name"))(
+      learning_rate=1e-2, rank=4, sync_every=K, axis_name=axis
+    ),
   ),
   "local_adam": lambda axis: lordo_jax.local_adam(1e-2, sync_every=K, axis_name=axis),
   "diloco": lambda axis: lordo_jax.diloco(1e-2, sync_every=K, axis_name=axis),
