@@ -90,15 +90,24 @@ class RunSpec:
     so that those runs keep their names. So is the basis refresh where it is the SVD,
     which every run was first cached with (named or not), and where it is another a
     method takes by default (LoRDO's ``subspace_iteration``), the key names it, so that
-    such runs never take the place of the SVD's.
+    such runs never take the place of the SVD's. So is ``delay_correction="none"``, what
+    every round in flight was cached with before the option.
     """
     fields = dataclasses.asdict(self)
     for name, default in ADDED.items():
       if fields[name] == default:
         del fields[name]
     variant = self.variant
-    options = [list(o) for o in variant.options if tuple(o) != ("projection", "svd")]
+    dropped = (("projection", "svd"), ("delay_correction", "none"))
+    options = [list(o) for o in variant.options if tuple(o) not in dropped]
     fields["variant"] = {"name": variant.name, "method": variant.method, "options": options}
+    given = dict(variant.options)
+    # A round in flight merged eager or delayed was cached uncorrected before the library
+    # had delay_correction: "none" keeps those names, and the library's default, which
+    # may correct, gets names of its own.
+    merged = given.get("merge", "eager") in ("eager", "delayed")
+    if given.get("overlap") == "round" and merged and "delay_correction" not in given:
+      fields["delay_correction"] = "default"
     projection = default_projection(variant.method, dict(variant.options))
     if projection not in (None, "svd") and "projection" not in dict(variant.options):
       fields["projection"] = projection

@@ -23,7 +23,14 @@ study's best inner rate), ``overlap="round"``:
    where they beat eager's);
 4. the worker count M in :data:`WORKERS` at the best eager settings and at the method's
    own outer optimizer, and the blocking round, seed 0;
-5. delayed at the eager grid's best three settings of each method, seed 0.
+5. delayed at the eager grid's best three settings of each method, seed 0;
+6. the delay-corrected outer step (``delay_correction``, MATH.md §9: ``"staleness"`` and
+   ``"step"``, eager, at each method's own outer optimizer) at M in
+   :data:`CORRECTION_WORKERS`, against the blocking round and today's best settings
+   (LoRDO eager at ``sgd(0.7)``, DiLoCo rebase), seed 0; ``--quick``: M = 8.
+
+Every eager and delayed row of steps 1-5 takes its outer optimizer as it is
+(``delay_correction="none"``), as the study first ran them.
 
 The outer optimizer is ``optax.sgd(rate, momentum, nesterov=True)`` (DiLoCo's kind; SGD
 without momentum at 0); LoRDO's default is SGD at rate 1 (the workers' mean) and
@@ -68,21 +75,30 @@ DEFAULT_OUTER = {"lordo": (1.0, 0.0), "diloco": (0.7, 0.9)}
 NAMED_OPTIONS = {"lordo": (("projection", "subspace_iteration"),), "diloco": ()}
 WORKERS = (2, 4, 8)
 BEST_DELAYED = 3  # Delayed runs at this many of the eager grid's best settings.
+CORRECTIONS = ("staleness", "step")  # delay_correction, MATH.md §9
+CORRECTION_WORKERS = (2, 4, 8, 16)
+# Today's best setting of each method with a round in flight (the study's steps 1-3).
+TODAYS_BEST = {"lordo": ("eager", (0.7, 0.0)), "diloco": ("rebase", (0.7, 0.9))}
 # The rebase merge with a whole round in flight (tau = K): at the method's own outer
 # optimizer and at the other method's kind of outer step.
 REBASE_OUTERS = {"lordo": ((1.0, 0.0), (0.7, 0.9)), "diloco": ((0.7, 0.9), (1.0, 0.0))}
 
 
-def variant(method: str, merge: str | None, outer: tuple[float, float]) -> variants.Variant:
-  """``method`` with a round in flight merged by ``merge`` (``None``: blocking) and the
-  outer optimizer ``outer = (rate, momentum)``; the method's own variant where both are
-  its defaults."""
+def variant(
+  method: str, merge: str | None, outer: tuple[float, float], correction: str = "none"
+) -> variants.Variant:
+  """``method`` with a round in flight merged by ``merge`` (``None``: blocking), the
+  outer optimizer ``outer = (rate, momentum)`` and, eager or delayed, its
+  ``delay_correction``; the method's own variant where all are its defaults."""
   base = variants.by_name(method)
   options = NAMED_OPTIONS[method]
   name = "_".join([method, *(str(value) for _, value in options)])
   if merge is not None:
     options += (("overlap", "round"), ("merge", merge))
     name = f"{method}_round_{merge}"
+  if merge in ("eager", "delayed"):
+    options += (("delay_correction", correction),)
+    name += "" if correction == "none" else f"_{correction}"
   if outer != DEFAULT_OUTER[method]:
     options += (("outer_learning_rate", outer[0]), ("outer_momentum", outer[1]))
     name += f"_outer{outer[0]:g}m{outer[1]:g}"
@@ -97,9 +113,11 @@ class Row:
   merge: str | None
   outer: tuple[float, float]
   workers: int = 8
+  correction: str = "none"  # delay_correction, eager or delayed
 
   def spec(self, study, steps, rates, seed) -> lm_runs.RunSpec:
-    run = study.spec(variant(self.method, self.merge, self.outer), rates[self.method], seed)
+    built = variant(self.method, self.merge, self.outer, self.correction)
+    run = study.spec(built, rates[self.method], seed)
     return dataclasses.replace(run, steps=steps, num_workers=self.workers)
 
 
@@ -137,11 +155,21 @@ def plan(study, steps, rates, loss) -> list[list[Row]]:
     for m in METHODS
     for w in WORKERS
   ]
-  return [blocking + rebase, eager, finals, workers, delayed]
+  corrections = [
+    row
+    for m in METHODS
+    for w in CORRECTION_WORKERS
+    for row in (
+      Row(m, None, DEFAULT_OUTER[m], w),
+      *(Row(m, "eager", DEFAULT_OUTER[m], w, c) for c in CORRECTIONS),
+      Row(m, TODAYS_BEST[m][0], TODAYS_BEST[m][1], w),
+    )
+  ]
+  return [blocking + rebase, eager, finals, workers, delayed, corrections]
 
 
 # Each step of plan(): whether it runs every seed (else seed 0).
-STEPS_SEEDS = (False, False, True, False, False)
+STEPS_SEEDS = (False, False, True, False, False, False)
 
 
 def main(argv=None) -> int:
@@ -202,6 +230,7 @@ def _summary(row: Row, seeds, loss, blocking: Row) -> dict:
     "mean": statistics.fmean(have.values()) if finite else None,
     "spread": statistics.stdev(have.values()) if finite and len(have) > 1 else 0.0,
     "vs_blocking": statistics.fmean(paired) if paired and finite else None,
+    "delay_correction": row.correction if row.merge in ("eager", "delayed") else "-",
   }
 
 
@@ -223,7 +252,8 @@ def results(steps_rows, seeds, loss) -> dict:
   grid = [summary(r, seeds[:1]) for r in rows if r.merge is not None]
   finals = [summary(r, seeds) for r in dict.fromkeys(steps_rows[2])]
   workers = [summary(r, seeds[:1]) for r in dict.fromkeys(steps_rows[3])]
-  return {"grid": grid, "best": finals, "workers": workers}
+  corrections = [summary(r, seeds[:1]) for r in dict.fromkeys(steps_rows[5])]
+  return {"grid": grid, "best": finals, "workers": workers, "corrections": corrections}
 
 
 def _fmt(x, spec=".4f"):
@@ -288,6 +318,31 @@ def markdown(report: dict, steps: int, study) -> list[str]:
       for r in report["workers"]
     ],
     align="llrrrrr",
+  )
+  lines += [
+    "",
+    "The delay-corrected outer step at each M, seed 0, at each method's own outer optimizer, "
+    "against the blocking round and today's best settings (each against the blocking round "
+    "at the same M):",
+    "",
+  ]
+  lines += studies.table(
+    ["method", "merge", "delay_correction", "outer rate", "momentum", "M", "final val loss"]
+    + ["vs blocking"],
+    [
+      [
+        r["method"],
+        r["merge"],
+        r["delay_correction"],
+        f"{r['outer_learning_rate']:g}",
+        f"{r['outer_momentum']:g}",
+        str(r["workers"]),
+        _fmt(r["mean"]),
+        _percent(r["vs_blocking"]),
+      ]
+      for r in report.get("corrections", [])
+    ],
+    align="lllrrrrr",
   )
   return lines
 

@@ -51,8 +51,8 @@ STREAMING_ALPHA = 0.5
 # method as the long-horizon study trained it.
 OVERLAPS: dict[str, tuple[tuple[str, Any], ...]] = {
   "none": (),
-  "round eager": (("overlap", "round"), ("merge", "eager")),
-  "round delayed": (("overlap", "round"), ("merge", "delayed")),
+  "round eager": (("overlap", "round"), ("merge", "eager"), ("delay_correction", "none")),
+  "round delayed": (("overlap", "round"), ("merge", "delayed"), ("delay_correction", "none")),
   **{
     f"tau={tau} {merge}": (("overlap", tau), ("merge", merge))
     + ((("merge_alpha", STREAMING_ALPHA),) if merge == "streaming" else ())
@@ -60,7 +60,10 @@ OVERLAPS: dict[str, tuple[tuple[str, Any], ...]] = {
     for merge in ("rebase", "streaming")
   },
 }
-INT8_ROUND = ("int8 + round eager", (("compression", "int8"), ("overlap", "round")))
+INT8_ROUND = (
+  "int8 + round eager",
+  (("compression", "int8"), ("overlap", "round"), ("delay_correction", "none")),
+)
 ROWS = {
   "lordo": {**OVERLAPS, INT8_ROUND[0]: INT8_ROUND[1]},
   "diloco": OVERLAPS,

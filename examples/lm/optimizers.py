@@ -32,11 +32,18 @@ DEFAULT_METHODS = ("lordo", "low_rank_ddp", "ddp", "diloco", "lordo_int8_overlap
 # Named configurations of a method: LoRDO for slow links, its pseudo-gradient in int8
 # and a whole round in flight (the least bandwidth, at a cost in loss: the overlap guide),
 # merged eagerly with an outer step of 0.7 (SGD), which the outer optimizer study found
-# best for LoRDO's eager merge (BENCHMARKS.md, "The outer optimizer for a round in flight").
+# best for LoRDO's eager merge (BENCHMARKS.md, "The outer optimizer for a round in flight"),
+# taken as it is (delay_correction="none", as that study ran it).
 VARIANTS = {
   "lordo_int8_overlap": (
     "lordo",
-    {"compression": "int8", "overlap": "round", "merge": "eager", "outer_learning_rate": 0.7},
+    {
+      "compression": "int8",
+      "overlap": "round",
+      "merge": "eager",
+      "outer_learning_rate": 0.7,
+      "delay_correction": "none",
+    },
   )
 }
 # Every optimizer factory the examples know how to configure.

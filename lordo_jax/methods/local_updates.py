@@ -15,6 +15,7 @@ from lordo_jax import _checks as checks
 from lordo_jax import _keywords as keywords
 from lordo_jax.methods import local_step
 from lordo_jax.methods import options as options_lib
+from lordo_jax.round import _overlap as overlap_lib
 from lordo_jax.round import _synchronize as sync_lib
 
 
@@ -33,6 +34,7 @@ def local_adam(
   fault_tolerant: bool = False,
   overlap: str | int | None = None,
   merge: str | None = None,
+  delay_correction: str | None = None,
   merge_alpha: float = 0.0,
   offload: bool = False,
 ) -> optax.GradientTransformationExtraArgs:
@@ -138,6 +140,7 @@ def desloc(
   fault_tolerant: bool = False,
   overlap: str | int | None = None,
   merge: str | None = None,
+  delay_correction: str | None = None,
   merge_alpha: float = 0.0,
   offload: bool = False,
 ) -> optax.GradientTransformationExtraArgs:
@@ -226,6 +229,7 @@ def diloco(
   fault_tolerant: bool = False,
   overlap: str | int | None = None,
   merge: str | None = None,
+  delay_correction: str | None = None,
   merge_alpha: float = 0.0,
   offload: bool = False,
 ) -> optax.GradientTransformationExtraArgs:
@@ -271,7 +275,7 @@ def diloco(
   checks.one_of(who, "nesterov", nesterov, (True, False))
   adam = _adam(who, locals())
   outer = optax.sgd(outer_learning_rate, momentum=outer_momentum, nesterov=nesterov)
-  return _synchronized(
+  tx = _synchronized(
     who,
     locals(),
     adam,
@@ -279,3 +283,8 @@ def diloco(
     first_moment_every=None,
     second_moment_every=None,
   )
+  if overlap == "round" and delay_correction == "none":
+    overlap_lib.warn_if_unstable(
+      who, merge or "eager", outer_learning_rate, outer_momentum, nesterov
+    )
+  return tx

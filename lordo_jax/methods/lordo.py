@@ -77,6 +77,7 @@ def lordo(
   fault_tolerant: bool = False,
   overlap: str | int | None = None,
   merge: str | None = None,
+  delay_correction: str | None = None,
   merge_alpha: float = 0.0,
   offload: bool = False,
 ) -> optax.GradientTransformationExtraArgs:
@@ -216,6 +217,7 @@ def lordo_local_projection(
   fault_tolerant: bool = False,
   overlap: str | int | None = None,
   merge: str | None = None,
+  delay_correction: str | None = None,
   merge_alpha: float = 0.0,
   offload: bool = False,
 ) -> optax.GradientTransformationExtraArgs:
@@ -318,6 +320,7 @@ def lordo_global_projection_only(
   fault_tolerant: bool = False,
   overlap: str | int | None = None,
   merge: str | None = None,
+  delay_correction: str | None = None,
   merge_alpha: float = 0.0,
   offload: bool = False,
 ) -> optax.GradientTransformationExtraArgs:

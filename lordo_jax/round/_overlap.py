@@ -8,12 +8,14 @@ what overlap takes.
 """
 
 import functools
+import math
 import numbers
 from typing import Any
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from lordo_jax import _checks as checks
@@ -28,6 +30,10 @@ from lordo_jax.round._round_parts import RoundParts
 
 WINDOW_MERGES = ("rebase", "streaming")  # overlap=tau < K, and "round" (tau = K)
 MERGES = ("eager", "delayed", *WINDOW_MERGES)  # overlap="round"
+# overlap="round" with merge "eager" or "delayed": how the outer step corrects for the
+# delay (MATH.md §9, the delay-corrected outer step); None chooses (correction_of).
+CORRECTIONS = ("none", "step", "staleness")
+CORRECTED_MERGES = ("eager", "delayed")
 PHASES = ("send", "local")  # update(..., overlap_phase=...): a static value
 # The named scope of the message's collectives (send_chunk): their op_name in the
 # compiled HLO holds it, so that a compiler pass can find them (_overlap_compile).
@@ -185,10 +191,8 @@ def land(parts: RoundParts, state, params, local_updates, grads):
   delta = _pseudo_gradient(state.anchor, local_params)
   fresh = _message(parts, delta, state.inner_state)
   old, averaged = (chunks_lib.thaw(b, fresh) for b in state.in_flight[:2])
-  direction = averaged[0]
   workers = 1 if parts.axis_name is None else jax.lax.axis_size(parts.axis_name)
-  if parts.merge == "eager":
-    direction = jax.tree.map(lambda b, d, o: b + (d - o) / workers, averaged[0], delta, old[0])
+  direction = _direction(parts, averaged[0], delta, old[0], workers)
   anchor, outer_state = outer_lib.outer_step(
     parts.outer, None, state.anchor, direction, state.outer_state[0], jnp.float32(1)
   )
@@ -216,6 +220,89 @@ def land(parts: RoundParts, state, params, local_updates, grads):
     ),
   )
   return state, merged
+
+
+def correction_scales(correction: str, merge: str, workers: int) -> tuple[float, float]:
+  r"""``(f, g)``: the weights of the fresh part :math:`D'_m / M` and of the stale part
+  :math:`\bar D - D_m / M` of the direction a landing hands the outer optimizer
+  (MATH.md §9, the delay-corrected outer step), with :math:`w = 1/M` eager, 0 delayed:
+
+  ``"step"``: :math:`f = g = s = 1 / (1 + \sqrt{1 - w})^2`, the outer step that
+  critically damps the mean recursion :math:`e' = e - c((1 - w) e_\text{old} + w e)` at
+  :math:`c = 1` (1 with one worker eager; 1/4 delayed); ``"staleness"``: :math:`f = 1`,
+  :math:`g = (1 - w) / 4`, the stale part alone scaled to the same damping; ``"none"``:
+  ``(1, 1)``."""
+  w = 1.0 / workers if merge == "eager" else 0.0
+  if correction == "step":
+    s = 1.0 / (1.0 + math.sqrt(1.0 - w)) ** 2
+    return s, s
+  if correction == "staleness":
+    return 1.0, (1.0 - w) / 4.0
+  return 1.0, 1.0
+
+
+def _direction(parts: RoundParts, averaged, delta, frozen, workers: int):
+  r"""What the outer optimizer takes at a landing of a whole round: eager
+  :math:`f D'_m / M + g (\bar D - D_m / M)`, delayed :math:`g \bar D`, rebase and
+  streaming :math:`\bar D` (:func:`correction_scales` gives ``f, g``; ``(1, 1)`` is
+  Kale et al.'s eager, :math:`\bar D + (D'_m - D_m) / M`)."""
+  f, g = correction_scales(parts.delay_correction, parts.merge, workers)
+  if parts.merge == "eager" and (f, g) == (1.0, 1.0):
+    return jax.tree.map(lambda b, d, o: b + (d - o) / workers, averaged, delta, frozen)
+  if parts.merge == "eager":
+    return jax.tree.map(
+      lambda b, d, o: f * (d / workers) + g * (b - o / workers), averaged, delta, frozen
+    )
+  if parts.merge == "delayed" and g != 1.0:
+    return jax.tree.map(lambda b: g * b, averaged)
+  return averaged
+
+
+def correction_of(r, outer_optimizer) -> str:
+  """The delay correction a round with the options ``r`` and ``outer_optimizer`` takes:
+  ``r.delay_correction``, or (``None``) for a whole round merged eager or delayed
+  ``"staleness"`` with an outer optimizer given (a momentum outer, DiLoCo's, grows with a
+  mean a round late) and ``"none"`` with the averaging outer (``None``), whose mean
+  recursion has spectral radius at most 1 at every M (MATH.md §9); else ``"none"``."""
+  if r.delay_correction is not None:
+    return r.delay_correction
+  corrected = r.overlap == "round" and merge_of(r) in CORRECTED_MERGES
+  return "staleness" if corrected and outer_optimizer is not None else "none"
+
+
+def mean_radius(rate: float, momentum: float, nesterov: bool, fresh: float, stale: float) -> float:
+  r"""The largest spectral radius, over the share :math:`a \in (0, 1]` of the way a round
+  covers, of the round's mean recursion (MATH.md §9) with an outer ``optax.sgd(rate,
+  momentum, nesterov)`` taking :math:`a (\text{fresh}\, e_k + \text{stale}\, e_{k-1})`:
+  below 1 the error of the workers' mean shrinks, above 1 it grows."""
+  worst = 0.0
+  for a in np.linspace(0.02, 1.0, 50):
+    d = np.array([a * fresh, a * stale, 0.0])  # the direction, on (e_k, e_{k-1}, b)
+    b = d + np.array([0.0, 0.0, momentum])  # b' = momentum b + d
+    step = d + momentum * b if nesterov else b
+    matrix = np.stack([np.array([1.0, 0.0, 0.0]) - rate * step, [1.0, 0.0, 0.0], b])
+    worst = max(worst, float(np.max(np.abs(np.linalg.eigvals(matrix)))))
+  return worst
+
+
+def warn_if_unstable(name: str, merge: str, rate: float, momentum: float, nesterov: bool) -> None:
+  """A warning where an outer ``optax.sgd(rate, momentum, nesterov)`` taken as it is
+  (``delay_correction="none"``) with a whole round merged eager or delayed makes the
+  round's mean recursion grow at some worker count (:func:`mean_radius` of the delayed
+  mean, the limit of eager at many workers, at or above 1), naming the stable setting."""
+  if merge not in CORRECTED_MERGES:
+    return
+  radius = mean_radius(rate, momentum, nesterov, 0.0, 1.0)
+  if radius < 1.0:
+    return
+  checks.warn(
+    f"{name}: outer_learning_rate={rate!r}, outer_momentum={momentum!r} with "
+    f"overlap='round', merge={merge!r} and delay_correction='none' is unstable with a "
+    f"mean that lands a round late: the round's mean recursion has spectral radius up to "
+    f"{radius:.2f} at many workers (MATH.md §9), and training can diverge (it does at 8 "
+    "workers whose data differ). Use delay_correction='staleness' (the default) or "
+    "'step', which keep this outer optimizer stable at any worker count."
+  )
 
 
 def _pseudo_gradient(anchor, params):
@@ -333,9 +420,11 @@ def check(name, r, sync_every, fragments):
   if not r.overlap:
     if r.merge is not None:
       raise ValueError(f"{name}: merge={r.merge!r} needs an overlap; drop merge.")
+    _check_correction(name, r, None)
     return
   merge = merge_of(r)
   checks.one_of(name, "merge", merge, WINDOW_MERGES if window else MERGES)
+  _check_correction(name, r, merge)
   checks.in_interval(name, "merge_alpha", r.merge_alpha, 0.0, 1.0, closed_high=False)
   if isinstance(r.merge_alpha, numbers.Real) and r.merge_alpha != 0 and merge != "streaming":
     raise ValueError(
@@ -359,6 +448,22 @@ def check(name, r, sync_every, fragments):
       )
   if window and isinstance(fragments, int):
     check_spacing(name, sync_every, fragments, r.overlap)
+
+
+def _check_correction(name, r, merge) -> None:
+  """``delay_correction``: one of :data:`CORRECTIONS` (or ``None``), and a correction
+  only where a whole round lands eager or delayed."""
+  correction = r.delay_correction
+  if correction is None:
+    return
+  checks.one_of(name, "delay_correction", correction, (None, *CORRECTIONS))
+  if correction != "none" and (r.overlap != "round" or merge not in CORRECTED_MERGES):
+    raise ValueError(
+      f"{name}: delay_correction={correction!r} corrects the outer step for a whole "
+      "round in flight merged 'eager' or 'delayed', but this round has "
+      f"overlap={r.overlap!r} and merge={merge!r}; use overlap='round' with "
+      "merge='eager' or 'delayed', or drop delay_correction."
+    )
 
 
 def check_moment_periods(name, overlap, moment_periods, decays) -> None:

@@ -93,6 +93,20 @@ class RoundOptions:
     "<../guides/overlap.html#the-outer-optimizer-for-a-round-in-flight>`__).",
     None,
   )
+  delay_correction: str | None = keywords.option(
+    'with ``overlap="round"`` and ``merge="eager"`` or ``"delayed"``, how the outer step '
+    "corrects for the mean that lands a round late (MATH.md §9, the delay-corrected outer "
+    'step): ``"staleness"`` scales the stale part of the direction the outer optimizer '
+    "takes, the others' pseudo-gradients a round old, by :math:`(1 - w) / 4` "
+    '(:math:`w = 1/M` eager, 0 delayed); ``"step"`` scales the whole direction by '
+    ":math:`1 / (1 + \\sqrt{1 - w})^2`; each critically damps the round's mean "
+    "recursion at a full outer step, and with one worker eager each is the blocking "
+    'round. ``"none"`` takes the outer optimizer as it is (DiLoCo\'s Nesterov outer '
+    'diverges with it at four or more workers). ``None`` (default): ``"staleness"`` '
+    'with an outer optimizer given (DiLoCo\'s), ``"none"`` with the averaging outer, '
+    "which stays stable at any M.",
+    None,
+  )
   merge_alpha: float = keywords.option(
     'with ``merge="streaming"``, the weight of the worker\'s own parameters, in [0, 1): '
     "``alpha theta_m + (1 - alpha) theta_synced``; 0 discards the window's steps.",

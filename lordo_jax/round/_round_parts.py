@@ -29,5 +29,6 @@ class RoundParts(NamedTuple):
   overlap: str | None = None  # "round": a whole round in flight (_overlap).
   merge: str | None = None  # How it lands: "eager", "delayed", "rebase" or "streaming".
   merge_alpha: float = 0.0  # The streaming merge's weight of the worker's parameters.
+  delay_correction: str = "none"  # The outer step's correction for a round in flight.
   moment_decays: tuple = (0.9, 0.999)  # (b1, b2) of the inner optimizer's moments.
   compression: str | None = None  # The codec of the pseudo-gradient, if any.

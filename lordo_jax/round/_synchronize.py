@@ -125,6 +125,7 @@ def synchronize(
   fault_tolerant: bool = False,
   overlap: str | int | None = None,
   merge: str | None = None,
+  delay_correction: str | None = None,
   merge_alpha: float = 0.0,
   offload: bool = False,
 ) -> optax.GradientTransformationExtraArgs:
@@ -294,6 +295,7 @@ def synchronized(
     fault_tolerant=options.fault_tolerant,
     overlap=options.overlap or None,
     merge=overlap_lib.merge_of(options),
+    delay_correction=overlap_lib.correction_of(options, outer_optimizer),
     merge_alpha=options.merge_alpha,
     moment_decays=moment_decays or (0.9, 0.999),
     compression=options.compression,

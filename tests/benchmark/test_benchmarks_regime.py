@@ -395,6 +395,13 @@ def test_the_outer_study_names_each_setting_and_reuses_the_blocking_runs():
     for outer in overlap_outer.GRID
   }
   assert len(names) == len(overlap_outer.METHODS) * 3 * len(overlap_outer.GRID)
+  corrected = {
+    overlap_outer.Row(m, merge, (0.7, 0.9), 8, c).spec(STUDY, 1024, rates, 0).file_name()
+    for m in overlap_outer.METHODS
+    for merge in ("eager", "delayed")
+    for c in overlap_outer.CORRECTIONS
+  }
+  assert len(corrected) == 8 and not corrected & names  # a correction is a run of its own
 
 
 def test_the_outer_study_takes_its_later_steps_from_the_earlier_ones():
@@ -409,7 +416,7 @@ def test_the_outer_study_takes_its_later_steps_from_the_earlier_ones():
     return 2.2 if (row.merge, row.outer) == best else 2.5
 
   steps = overlap_outer.plan(STUDY, 1024, {"lordo": 1e-2, "diloco": 1e-3}, loss)
-  blocking_and_rebase, grid, finals, workers, delayed = steps
+  blocking_and_rebase, grid, finals, workers, delayed, corrections = steps
   assert {r.merge for r in grid} == {"eager"} and len(grid) == 2 * len(overlap_outer.GRID) + 2
   assert overlap_outer.Row("lordo", "eager", (0.7, 0.0)) in finals
   assert overlap_outer.Row("diloco", "rebase", (0.7, 0.9)) in finals
@@ -423,3 +430,16 @@ def test_the_outer_study_takes_its_later_steps_from_the_earlier_ones():
   paired = [(2.2 - (2.0 + 0.1 * s)) / (2.0 + 0.1 * s) for s in STUDY.seeds]
   assert row["vs_blocking"] == pytest.approx(sum(paired) / len(paired))
   assert row["losses"] == {"0": 2.2, "1": 2.2, "2": 2.2}
+  # The delay corrections at every M, beside the blocking round and today's best.
+  assert {r.workers for r in corrections} == set(overlap_outer.CORRECTION_WORKERS)
+  for m in overlap_outer.METHODS:
+    for c in overlap_outer.CORRECTIONS:
+      assert overlap_outer.Row(m, "eager", overlap_outer.DEFAULT_OUTER[m], 16, c) in corrections
+    assert overlap_outer.Row(m, None, overlap_outer.DEFAULT_OUTER[m], 16) in corrections
+  assert overlap_outer.Row("diloco", "rebase", (0.7, 0.9), 2) in corrections
+  (corrected,) = [
+    r
+    for r in report["corrections"]
+    if r["method"] == "lordo" and r["delay_correction"] == "step" and r["workers"] == 4
+  ]
+  assert corrected["vs_blocking"] == pytest.approx(0.25)  # 2.5 against 2.0

@@ -30,6 +30,21 @@ class Overlap:
   tau: int | str  # an int in [1, K), or "round"
   merge: str  # "rebase" | "streaming" (tau < K); "eager" | "delayed" ("round")
   merge_alpha: float = 0.0
+  delay_correction: str = "none"  # "round", eager or delayed: "none" | "step" | "staleness"
+
+
+def delay_weights(overlap: Overlap, workers: int) -> tuple[float, float]:
+  """(f, g): eager lands f D_new / M + g (Dbar - D_old / M), delayed g Dbar (MATH.md §9).
+  The mean error's recursion e' = e - c((1 - w) e_old + w e), w = 1/M eager, 0 delayed,
+  is critically damped at c = 1 by the step c = 1 / (1 + sqrt(1 - w))^2 ("step": both
+  parts scaled by it) or by the stale part scaled by (1 - w) / 4 ("staleness")."""
+  w = 1.0 / workers if overlap.merge == "eager" else 0.0
+  if overlap.delay_correction == "step":
+    c = 1.0 / (1.0 + np.sqrt(1.0 - w)) ** 2
+    return c, c
+  if overlap.delay_correction == "staleness":
+    return 1.0, (1.0 - w) / 4.0
+  return 1.0, 1.0
 
 
 def fragment_offsets(sync_every: int, count: int) -> list[int]:
@@ -230,12 +245,16 @@ class InFlight(ref.Reference):
     ]
     deltas, moments = self._landed_means(previous, list(self.anchor))
     merge, sent = self.overlap.merge, []
+    f, g = delay_weights(self.overlap, self.num_workers)
+    n = self.num_workers
     for m in range(self.num_workers):
       d_fresh, d_old = fresh[m][0], previous[m][0]
       for k in self.anchor:
         step = deltas[k]
         if merge == "eager":
-          step = step + (d_fresh[k] - d_old[k]) / self.num_workers
+          step = f * d_fresh[k] / n + g * (deltas[k] - d_old[k] / n)
+        elif merge == "delayed":
+          step = g * deltas[k]
         a_old, new = self.anchors[m][k], self.anchors[m][k] - step
         if merge == "rebase":
           self.params[m][k] = new + (self.params[m][k] - (a_old - d_old[k]))

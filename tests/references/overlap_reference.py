@@ -52,6 +52,8 @@ class Setup:
   outer_momentum: float = 0.0
   fragment_of: np.ndarray | None = None  # a label per element of the params; None: one
   compression: str | None = None  # None | "int8" | "bfloat16": the chunks' codec (tau >= 1)
+  delay_correction: str = "none"  # tau = K, eager or delayed: "none" | "step" | "staleness"
+  average_moments: bool = True  # False: DiLoCo's round, the moments stay on each worker
 
 
 @dataclasses.dataclass
@@ -85,6 +87,23 @@ def _outer(s: Setup, anchor, momentum, delta):
   return anchor - s.outer_learning_rate * step, momentum
 
 
+def delay_weights(s: Setup, m: int) -> tuple[float, float]:
+  """(f, g) of MATH.md §9's delay-corrected outer step: the direction a worker hands its
+  outer optimizer is f D_new / M + g (Dbar - D_old / M) eager, g Dbar delayed. With
+  w = 1/M eager (0 delayed) the round's mean error follows e' = e - c((1-w) e_old + w e);
+  "step" scales both parts by the c that makes its two roots meet at c = 1,
+  (1 - w) ** 2 = 4 c (1 - w) ... solved: c = 1 / (1 + sqrt(1 - w)) ** 2;
+  "staleness" keeps the fresh part and scales the stale one to the same damping,
+  g (1 - w) = (1 - w) ** 2 / 4."""
+  w = 1 / m if s.merge == "eager" else 0.0
+  if s.delay_correction == "step":
+    c = (1 - np.sqrt(1 - w)) ** 2 / w**2 if w > 0 else 0.25  # = 1 / (1 + sqrt(1 - w))^2
+    return c, c
+  if s.delay_correction == "staleness":
+    return 1.0, (1 - w) / 4
+  return 1.0, 1.0
+
+
 def _land(s: Setup, ws: list[Worker], decay_steps: int, mask=True) -> None:
   """The frozen messages land on the elements in ``mask``: outer step, the parameters
   merged, the moments corrected; the other elements are left as they are."""
@@ -115,10 +134,13 @@ def _land_round(s: Setup, ws: list[Worker], fresh: list[tuple]) -> None:
   sent = []
   for w, (d_new, _, _), (d_old, u_m, v_m) in zip(ws, fresh, previous, strict=True):
     a_old = w.anchor
+    fresh, stale = delay_weights(s, m)
     if s.merge == "eager":  # Kale et al. Algorithm 3: own fresh part now, the rest late.
-      d = deltas + (d_new - d_old) / m
+      d = fresh * d_new / m + stale * (deltas - d_old / m)
       w.anchor, w.outer_momentum = _outer(s, w.anchor, w.outer_momentum, d)
-    else:  # delayed (their Algorithm 2), rebase, streaming: the late mean only.
+    elif s.merge == "delayed":  # their Algorithm 2: the late mean only
+      w.anchor, w.outer_momentum = _outer(s, w.anchor, w.outer_momentum, stale * deltas)
+    else:  # rebase, streaming: the late mean only
       w.anchor, w.outer_momentum = _outer(s, w.anchor, w.outer_momentum, deltas)
     if s.merge == "rebase":  # the worker's steps since its last freeze, on the new anchor
       w.params = w.anchor + (w.params - (a_old - d_old))
@@ -128,8 +150,9 @@ def _land_round(s: Setup, ws: list[Worker], fresh: list[tuple]) -> None:
       w.params = w.anchor.copy()
     # Rebase and streaming send the steps from where the last freeze left the worker.
     sent.append(w.anchor - w.params if s.merge in ("rebase", "streaming") else d_new)
-    w.u = w.u + s.b1**s.sync_every * (us - u_m) if ws[0].frozen else w.u
-    w.v = w.v + s.b2**s.sync_every * (vs - v_m) if ws[0].frozen else w.v
+    corrected = ws[0].frozen and s.average_moments
+    w.u = w.u + s.b1**s.sync_every * (us - u_m) if corrected else w.u
+    w.v = w.v + s.b2**s.sync_every * (vs - v_m) if corrected else w.v
   for w, d in zip(ws, sent, strict=True):  # the moments after the landing (MATH.md §9)
     w.frozen = (d, w.u.copy(), w.v.copy())
 

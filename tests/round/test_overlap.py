@@ -78,7 +78,8 @@ def test_sgd_inside_equals_the_reference(merge, outer_momentum):
   outer = optax.sgd(
     0.7 if outer_momentum else 1.0, momentum=outer_momentum or None, nesterov=bool(outer_momentum)
   )
-  tx = _sgd_inside(outer_optimizer=outer, overlap="round", merge=merge)
+  correction = {} if merge == "rebase" else {"delay_correction": "none"}  # Kale et al.'s
+  tx = _sgd_inside(outer_optimizer=outer, overlap="round", merge=merge, **correction)
   setup = ref.Setup(
     workers=M,
     sync_every=K,

@@ -71,6 +71,21 @@ def test_eager_and_rebase_with_one_worker_are_the_blocking_round(method, merge):
       )
 
 
+@pytest.mark.parametrize("correction", ["step", "staleness"])
+@pytest.mark.parametrize("method", ["diloco", "lordo"])
+def test_a_corrected_eager_round_with_one_worker_is_the_blocking_round(method, correction):
+  """Each delay correction (MATH.md §9) leaves one worker's eager round as it was: the
+  step's scale is 1 and the stale part, the mean minus the worker's own message, is
+  nothing."""
+  blocking = _run(METHODS[method]())
+  corrected = _run(METHODS[method](overlap="round", delay_correction=correction))
+  for t, ((want, _), (got, _)) in enumerate(zip(blocking, corrected, strict=True), start=1):
+    for leaf in ("w", "b"):
+      scale = np.max(np.abs(want[leaf] - PARAMS[leaf])) + 1e-12
+      err = np.max(np.abs(got[leaf] - want[leaf])) / scale
+      assert err < 1e-4, f"{method}, {correction}, step {t}, {leaf}: rel err {err:.2e}"
+
+
 CONSTANT = {"w": np.linspace(-1.0, 1.0, P * Q).reshape(P, Q), "b": np.linspace(0.5, -0.5, Q)}
 
 
@@ -94,7 +109,8 @@ def test_delayed_with_one_worker_is_the_blocking_round_one_round_late(method):
   LoRDO is left out: its delayed bases come from the round before the blocking's, and
   its rounds' pseudo-gradients depend on the bases."""
   blocking = _boundaries(METHODS[method]())
-  delayed = _boundaries(METHODS[method](overlap="round", merge="delayed"))
+  # The delayed merge as it is (Kale et al.'s Algorithm 2): a delay correction scales it.
+  delayed = _boundaries(METHODS[method](overlap="round", merge="delayed", delay_correction="none"))
   assert len(blocking) == STEPS // K
   np.testing.assert_allclose(delayed[0]["w"], PARAMS["w"], atol=1e-6)
   for n in range(1, len(blocking)):
