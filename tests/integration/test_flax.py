@@ -121,8 +121,9 @@ def test_nnx_optimizer_eager_equals_the_optax_loop(method):
 def test_state_readers_take_the_nnx_optimizers_state_as_it_is_and_give_plain_values():
   model = MLP(nnx.Rngs(0))
   optimizer = nnx.Optimizer(model, METHODS["lordo"](), wrt=nnx.Param)
+  step = nnx.jit(lambda model, optimizer: optimizer.update(model, nnx.grad(nnx_loss)(model)))
   for _ in range(STEPS):
-    optimizer.update(model, nnx.grad(nnx_loss)(model))
+    step(model, optimizer)
   _, plain = plain_run(METHODS["lordo"]())
   state = optimizer.opt_state
   count = lordo_jax.step_count(state)
@@ -150,9 +151,9 @@ def test_a_plain_loop_on_flax_variables_equals_the_loop_on_a_dict():
   tx = METHODS["lordo"]()
   graphdef, params = nnx.split(MLP(nnx.Rngs(0)), nnx.Param)
   grad = jax.grad(lambda p: nnx_loss(nnx.merge(graphdef, p)))
-  state = tx.init(params)
+  state, update = tx.init(params), jax.jit(tx.update)
   for _ in range(STEPS):
-    updates, state = tx.update(grad(params), state, params)
+    updates, state = update(grad(params), state, params)
     assert jax.tree.structure(updates) == jax.tree.structure(params)
     params = optax.apply_updates(params, updates)
   assert_trees_equal(nnx.to_pure_dict(params), plain_params_after(tx), atol=1e-5)

@@ -247,10 +247,10 @@ def test_two_sided_with_optax_chain_and_bfloat16_params():
     optax.clip_by_global_norm(1.0),
     lordo_jax.lordo(1e-2, rank=2, sync_every=2, two_sided=True, projection="randomized_svd"),
   )
-  state = tx.init(params)
+  state, update = tx.init(params), jax.jit(tx.update)
   for i in range(4):
     grads = {"w": jax.random.normal(jax.random.key(i), (16, 12), jnp.bfloat16)}
-    updates, state = tx.update(grads, state, params)
+    updates, state = update(grads, state, params)
     params = optax.apply_updates(params, updates)
   assert updates["w"].dtype == jnp.bfloat16
   basis = lordo_jax.projections(state)["w"]

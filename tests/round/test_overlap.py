@@ -361,10 +361,10 @@ def test_the_phase_reaches_the_method_through_a_chain_and_inject_hyperparams():
     ),
   }
   for tx in made.values():
-    state = tx.init(params)
+    state, update = tx.init(params), jax.jit(tx.update, static_argnames="overlap_phase")
     for step in range(2 * K):
       phase = lordo_jax.overlap_phase(step, sync_every=K, overlap=2)
-      updates, state = tx.update(params, state, params, overlap_phase=phase)
+      updates, state = update(params, state, params, overlap_phase=phase)
     assert int(lordo_jax.step_count(state)) == 2 * K
     with pytest.raises(ValueError, match="overlap_phase='soon' is not a phase"):
       tx.update(params, state, params, overlap_phase="soon")
