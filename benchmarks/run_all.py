@@ -27,12 +27,14 @@ cached run by run), ``overlap_quality.py`` (what each overlap and merge costs in
 quality at 1,024 steps, at the long-horizon study's rates) and ``overlap_outer.py``
 (the outer optimizer for a whole round in flight, swept at 1,024 steps) and
 ``elastic.py`` (a run resumed on another number of workers, workers away for rounds).
-A study gets ``--quick`` and ``--out`` when its ``--help`` offers them; in quick
-mode a study that offers neither is skipped, so quick mode never writes over the
-committed full results. The wall time of each study goes to ``run_all.json``.
+A study gets ``--quick`` and ``--out`` when its command line offers them (read from
+its source, :func:`offered`, without starting a Python for it); in quick mode a study
+that offers neither is skipped, so quick mode never writes over the committed full
+results. The wall time of each study goes to ``run_all.json``.
 """
 
 import argparse
+import ast
 import json
 import pathlib
 import subprocess
@@ -68,20 +70,38 @@ RESULTS = HERE / "results"
 QUICK_RESULTS = ROOT / "runs" / "benchmarks_quick"
 
 
+def offered(script: pathlib.Path) -> set[str]:
+  """The options of ``script``'s command line, read from its source: the flags of its
+  ``add_argument`` calls, and ``--quick`` and ``--out`` where it calls
+  ``studies.parse_args`` (``benchmarks/harness/studies.py``), which adds both.
+
+  Reading the source costs nothing; asking each script's ``--help`` cost a Python
+  process per study, each importing JAX, Flax, Optax and matplotlib (seconds each)."""
+  flags = set()
+  for node in ast.walk(ast.parse(script.read_text(), filename=str(script))):
+    if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
+      continue
+    if node.func.attr == "add_argument":
+      flags |= {
+        a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)
+      }
+    elif node.func.attr == "parse_args" and getattr(node.func.value, "id", None) == "studies":
+      flags |= {"--quick", "--out"}
+  return flags
+
+
 def command(study: str, quick: bool, out: pathlib.Path, default_out: bool) -> list[str] | None:
   """The command line of ``study``, or None when it cannot run as asked."""
   script = HERE / STUDIES[study] / f"{study}.py"
   if not script.exists():
     return None
-  offered = subprocess.run(
-    [sys.executable, str(script), "--help"], capture_output=True, text=True, cwd=ROOT
-  ).stdout
+  options = offered(script)
   args = [sys.executable, str(script)]
   if quick:
-    if "--quick" not in offered or "--out" not in offered:
+    if "--quick" not in options or "--out" not in options:
       return None
     args.append("--quick")
-  if "--out" in offered:
+  if "--out" in options:
     args += ["--out", str(out)]
   elif not default_out:
     return None  # It would write to its own place, not to the --out asked for.

@@ -21,6 +21,7 @@ import sys
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # benchmarks.*, imported where a test reads the studies' code.
 BENCHMARKS = ROOT / "benchmarks"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 FLOAT32 = 4
@@ -237,6 +238,38 @@ def test_a_second_run_reads_every_run_from_the_cache(out):
   )
   assert " val " not in stdout  # lm_runs logs each run it trains.
   assert "quality.json" in stdout
+
+
+def test_run_all_reads_what_a_study_offers_from_its_source(tmp_path, monkeypatch):
+  """run_all gives a study ``--quick`` and ``--out`` where its command line offers them,
+  read from the script without starting it (its own ``add_argument`` calls, or
+  ``studies.parse_args``, which adds both); in quick mode a study without them is
+  skipped, so that it never writes over the committed full results. (The fixture runs
+  the real studies this way.)"""
+  from benchmarks import run_all
+
+  scripts = {
+    "own_out": 'import argparse\nargparse.ArgumentParser().add_argument("--out")\n',
+    "shared": "from benchmarks.harness import studies\nstudies.parse_args(__doc__, 'q')\n",
+    "none": "print('no options')\n",
+  }
+  for name, source in scripts.items():
+    (tmp_path / "topic").mkdir(exist_ok=True)
+    (tmp_path / "topic" / f"{name}.py").write_text(source)
+    monkeypatch.setitem(run_all.STUDIES, name, "topic")
+  monkeypatch.setattr(run_all, "HERE", tmp_path)
+
+  def command(name, quick, default_out):
+    return run_all.command(name, quick, tmp_path, default_out=default_out)
+
+  assert run_all.offered(tmp_path / "topic" / "own_out.py") == {"--out"}
+  assert command("shared", True, False)[1:] == [
+    str(tmp_path / "topic" / "shared.py"), "--quick", "--out", str(tmp_path)
+  ]  # fmt: skip
+  assert command("own_out", True, True) is None and command("none", True, True) is None
+  assert command("own_out", False, False)[2:] == ["--out", str(tmp_path)]
+  assert command("none", False, True)[1:] == [str(tmp_path / "topic" / "none.py")]
+  assert command("none", False, False) is None  # It would write to its own place.
 
 
 def test_extensions_send_what_their_options_promise(out, quality):
