@@ -2,7 +2,7 @@ r"""The paper's claims over many rounds: the quality study at 4x and 8x its step
 
     python benchmarks/paper/long_horizon.py             # 1,024 and 2,048 steps: many CPU-hours
     python benchmarks/paper/long_horizon.py --cached    # report what is cached, train nothing
-    python benchmarks/paper/long_horizon.py --quick     # tiny preset, 48 steps: about a minute
+    python benchmarks/paper/long_horizon.py --quick     # tiny preset, 48 steps: about 30 s
 
 The quality study (:mod:`quality`) trains 256 steps, 16 rounds of K = 16. This study
 trains the same model, data, workers, rank and K for ``--horizons`` steps (default 1,024
@@ -267,9 +267,10 @@ def run_study(runs: Runs, study, horizons: tuple[int, ...], groups, short: dict)
   Within a group: every seed of every method at its quality-study rate first, seed by
   seed, at every horizon; then each method's sweep (:func:`method_at`), horizon by
   horizon. Claim (d) runs each variant at both variants' best rates of the longest
-  horizon (:func:`rank_batch`)."""
-  grid = GRID if study is quality.FULL else study.learning_rates
+  horizon (:func:`rank_batch`). Quick mode (any study but :data:`quality.FULL`) runs each
+  method at its quality-study rate only, with no sweep around it (its grid is that rate)."""
   tuned = short["best_lr"]
+  grid = lambda name: GRID if study is quality.FULL else (tuned[name],)  # noqa: E731
   longest = max(horizons)
   found, claim_d, rates = {}, [], {}
   for group in groups:
@@ -280,7 +281,7 @@ def run_study(runs: Runs, study, horizons: tuple[int, ...], groups, short: dict)
     for i, steps in enumerate(horizons):
       for name in group:
         shorter = found[horizons[i - 1], name] if i else None
-        found[steps, name] = method_at(runs, study, steps, name, tuned[name], grid, shorter)
+        found[steps, name] = method_at(runs, study, steps, name, tuned[name], grid(name), shorter)
     if not rates and all((longest, name) in found for name in variants.RANK_BATCH):
       for name in variants.RANK_BATCH:
         best = found[longest, name]["best_lr"]
@@ -441,7 +442,10 @@ def add_options(parser: argparse.ArgumentParser) -> None:
 
 def main(argv=None) -> int:
   args = studies.parse_args(
-    __doc__, "tiny preset, 48 steps, LoRDO and low-rank DDP, 1 seed", argv, extra=add_options
+    __doc__,
+    "tiny preset, 48 steps, LoRDO and low-rank DDP at the quality study's rates, 1 seed",
+    argv,
+    extra=add_options,
   )
   start = time.perf_counter()
   study = quality.QUICK if args.quick else quality.FULL
@@ -458,7 +462,9 @@ def main(argv=None) -> int:
     f"{study.batch_size} per worker, 8 workers, warmup {study.warmup_steps} then cosine over "
     f"each run; seeds {list(study.seeds)}; the {study.steps}-step points are the quality "
     "study's (quality.md).",
-    "A method's rate at a horizon: the lowest seed-0 loss among the quality sweep's best "
+    "Quick mode: each method at the quality sweep's best rate only."
+    if args.quick
+    else "A method's rate at a horizon: the lowest seed-0 loss among the quality sweep's best "
     "and the grid's rates either side (further out while the rate at the edge wins); every "
     "seed runs there and at the quality sweep's rate, and "
     "the lower mean is reported. A rate more than "
