@@ -59,6 +59,7 @@ STUDIES = {
   "compile_time": "speed",
   "gpu_program": "gpu",
   "refresh": "quality",
+  "precision": "quality",
   "fidelity": "paper",
   "paper_protocol": "paper",
   "long_horizon": "paper",

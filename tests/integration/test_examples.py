@@ -23,10 +23,10 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
-STEPS, SYNC_EVERY, RANK = 96, 8, 8
+STEPS, SYNC_EVERY, RANK = 48, 8, 8
 TINY = [
   "--preset", "tiny", "--steps", str(STEPS), "--sync-every", str(SYNC_EVERY),
-  "--rank", str(RANK), "--eval-every", "16", "--lr", "5e-3", "--warmup", "8",
+  "--rank", str(RANK), "--eval-every", "16", "--lr", "1e-2", "--warmup", "8",
 ]  # fmt: skip
 
 
@@ -94,9 +94,9 @@ def test_main_prints_the_table(main_run, lm_main):
   busy = tuned.bandwidth_table()["gbit_for"]
   for offset, method in enumerate(methods, start=2):
     row = lines[header + offset]
-    assert row.split()[:2] == [method, "0.005"]  # --lr 5e-3: every method at it.
+    assert row.split()[:2] == [method, "0.01"]  # --lr 1e-2: every method at it.
     assert f"  {report.gbit(busy[method]['0.9'])}  " in row
-  assert results["learning_rates"] == dict.fromkeys(methods, 5e-3)
+  assert results["learning_rates"] == dict.fromkeys(methods, 1e-2)
   assert "unigram entropy of the text" in proc.stdout
   assert "90% busy at: the bandwidth per worker" in proc.stdout
   assert "lordo" in proc.stderr  # The tqdm progress bars.
@@ -223,23 +223,28 @@ BAD_INPUTS = {
 }
 
 
-def test_bad_input_fails_before_training_with_one_line(tmp_path):
+def test_bad_input_fails_before_training_with_one_line(tmp_path, monkeypatch, capsys, lm_main):
+  """Each bad input through ``main.main`` in this process (its exit status, its stdout
+  and stderr); the first also as a user runs it, in a process of its own."""
   (tmp_path / "short.txt").write_text("Too short to train on.\n")
-  procs = {
-    name: subprocess.Popen(
-      [sys.executable, str(EXAMPLES / "main.py"), *(a.format(tmp=tmp_path) for a in args)],
-      stdout=subprocess.PIPE,
-      stderr=subprocess.PIPE,
-      text=True,
-      env=env(),
-      cwd=tmp_path,
-    )
-    for name, (args, _) in BAD_INPUTS.items()
-  }
-  for name, proc in procs.items():
-    stdout, stderr = proc.communicate(timeout=120)
+  monkeypatch.chdir(tmp_path)
+  argvs = {name: [a.format(tmp=tmp_path) for a in args] for name, (args, _) in BAD_INPUTS.items()}
+  first = next(iter(argvs))
+  proc = subprocess.run(
+    [sys.executable, str(EXAMPLES / "main.py"), *argvs[first]],
+    capture_output=True,
+    text=True,
+    timeout=120,
+    env=env(),
+    cwd=tmp_path,
+  )
+  ran = [(first, proc.returncode, proc.stdout, proc.stderr)]
+  for name, argv in argvs.items():
+    capsys.readouterr()
+    ran.append((name, lm_main[0].main(argv), *capsys.readouterr()))
+  for name, code, stdout, stderr in ran:
     lines = stderr_lib.error_lines(stderr)
-    assert proc.returncode != 0, name
+    assert code != 0, name
     assert len(lines) == 1, (name, stderr)
     assert BAD_INPUTS[name][1] in lines[0], (name, lines[0])
     assert re.search(r"use|give|choose", lines[0]), (name, lines[0])  # What to change.

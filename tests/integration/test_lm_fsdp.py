@@ -182,21 +182,26 @@ def test_layouts_that_cannot_work_are_refused():
     main.check_offload(True, ["lordo", "ddp", "low_rank_ddp"], train.offload_methods())
 
 
+MAIN_ARGS = [
+  "--preset", "tiny", "--steps", "8", "--sync-every", "4", "--rank", "4", "--batch", "2",
+  "--eval-every", "4", "--eval-windows", "8", "--workers", "4", "--no-progress",
+]  # fmt: skip
+
+
 def main_py(*args: str, out: pathlib.Path) -> subprocess.Popen:
-  command = [
-    sys.executable, str(EXAMPLES / "main.py"), "--preset", "tiny", "--steps", "8",
-    "--sync-every", "4", "--rank", "4", "--batch", "2", "--eval-every", "4",
-    "--eval-windows", "8", "--workers", "4", "--no-progress", "--out", str(out), *args,
-  ]  # fmt: skip
+  command = [sys.executable, str(EXAMPLES / "main.py"), *MAIN_ARGS, "--out", str(out), *args]
   return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def test_main_trains_sharded_and_offloaded_and_refuses_offload_without_an_anchor(tmp_path):
+def test_main_trains_sharded_and_offloaded_and_refuses_offload_without_an_anchor(tmp_path, capsys):
+  """The sharded, offloaded run end to end in a process; the refusal, which stops
+  before training, through ``main.main`` in this one (exit status, its one line)."""
   good = main_py("--methods", "lordo", "--fsdp", "2", "--offload", out=tmp_path / "ok")
-  refused = main_py("--methods", "lordo,ddp", "--offload", out=tmp_path / "no")
-  _, stderr = refused.communicate(timeout=120)
-  lines = stderr_lib.error_lines(stderr)
-  assert refused.returncode == 2 and len(lines) == 1, stderr
+  capsys.readouterr()
+  refused = [*MAIN_ARGS, "--out", str(tmp_path / "no"), "--methods", "lordo,ddp", "--offload"]
+  assert main.main(refused) == 2
+  lines = stderr_lib.error_lines(capsys.readouterr().err)
+  assert len(lines) == 1, lines
   assert "--offload: ddp has no anchor" in lines[0] and "among lordo," in lines[0]
   assert not (tmp_path / "no").exists()
   stdout, stderr = good.communicate(timeout=180)

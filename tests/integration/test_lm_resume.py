@@ -153,32 +153,35 @@ def test_a_checkpoint_from_elsewhere_is_refused(dataset, tmp_path):
     train.train("lordo", config, PRESET, dataset, progress=False)
 
 
+MAIN_ARGS = [
+  "--preset", "tiny", "--steps", "16", "--sync-every", "8", "--rank", "4", "--batch", "2",
+  "--eval-every", "8", "--eval-windows", "8", "--no-progress",
+]  # fmt: skip
+
+
 def main_py(*args: str, out: pathlib.Path) -> subprocess.Popen:
   """``examples/main.py`` on the tiny preset, as a background process."""
-  command = [
-    sys.executable, str(EXAMPLES / "main.py"), "--preset", "tiny", "--steps", "16",
-    "--sync-every", "8", "--rank", "4", "--batch", "2", "--eval-every", "8",
-    "--eval-windows", "8", "--no-progress", "--out", str(out), *args,
-  ]  # fmt: skip
+  command = [sys.executable, str(EXAMPLES / "main.py"), *MAIN_ARGS, "--out", str(out), *args]
   return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def test_main_stops_resumes_and_rejects_what_cannot_resume(tmp_path):
+def test_main_stops_resumes_and_rejects_what_cannot_resume(tmp_path, capsys):
+  """The stop and the resume end to end, each a process; the resumes that cannot work,
+  which stop before training, through ``main.main`` in this one (exit status, stderr)."""
   ckpt = str(tmp_path / "ckpt")
   first = main_py("--methods", "lordo", "--checkpoint-dir", ckpt, "--stop-after", "4", out=tmp_path)
   assert first.wait(timeout=120) == 0, first.stderr.read()[-3000:]
   bad = {
-    "--rank 4": main_py("--methods", "lordo", "--checkpoint-dir", ckpt, "--resume", "--rank", "2",
-                        out=tmp_path / "x"),
-    "--methods lordo": main_py("--methods", "diloco", "--checkpoint-dir", ckpt, "--resume",
-                               out=tmp_path / "x"),
-    "add --resume": main_py("--methods", "lordo", "--checkpoint-dir", ckpt, out=tmp_path / "x"),
-  }  # fmt: skip
-  for expected, proc in bad.items():
-    _, stderr = proc.communicate(timeout=120)
-    lines = stderr_lib.error_lines(stderr)
-    assert proc.returncode == 2, (expected, stderr)
-    assert len(lines) == 1 and expected in lines[0], (expected, stderr)
+    "--rank 4": ["--methods", "lordo", "--resume", "--rank", "2"],
+    "--methods lordo": ["--methods", "diloco", "--resume"],
+    "add --resume": ["--methods", "lordo"],
+  }
+  for expected, args in bad.items():
+    capsys.readouterr()
+    argv = [*MAIN_ARGS, "--out", str(tmp_path / "x"), "--checkpoint-dir", ckpt, *args]
+    assert lm_example.main.main(argv) == 2, expected
+    lines = stderr_lib.error_lines(capsys.readouterr().err)
+    assert len(lines) == 1 and expected in lines[0], (expected, lines)
   assert not (tmp_path / "x").exists()
   resumed = main_py("--methods", "lordo", "--checkpoint-dir", ckpt, "--resume", out=tmp_path)
   stdout, stderr = resumed.communicate(timeout=120)

@@ -170,7 +170,9 @@ def test_warm_start_refuses_another_rank(source_run, dataset):
     train.train("lordo", other, PRESET, dataset, progress=False)
 
 
-def test_main_command_starts_every_method_from_the_shared_phase(tmp_path):
+def test_main_command_starts_every_method_from_the_shared_phase(tmp_path, capsys):
+  """The command end to end in a process; its refusal to reuse the shared phase under
+  other settings, which stops before training, through ``main.main`` in this one."""
   env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
   args = [
     "--preset", "tiny", "--methods", "lordo", "--workers", "4", "--steps", "12",
@@ -179,14 +181,13 @@ def test_main_command_starts_every_method_from_the_shared_phase(tmp_path):
     "--option", "lordo.error_feedback=true", "--option", "lordo.omega=0.97",
     "--out", str(tmp_path), "--no-progress",
   ]  # fmt: skip
-  main = lambda *more: subprocess.run(  # noqa: E731
-    [sys.executable, str(EXAMPLES / "main.py"), *args, *more],
+  proc = subprocess.run(
+    [sys.executable, str(EXAMPLES / "main.py"), *args],
     capture_output=True,
     text=True,
     timeout=240,
     env=env,
   )
-  proc = main()
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "warm start: low_rank_ddp steps 1-6" in proc.stdout
   saved = json.loads((tmp_path / "results.json").read_text())
@@ -199,6 +200,7 @@ def test_main_command_starts_every_method_from_the_shared_phase(tmp_path):
     assert result["evals"][0]["val_loss"] == warm["final_val_loss"]
     assert result["evals"][-1]["step"] == 12
   # The shared phase kept there is reused only under the same settings.
-  other = main("--lr", "0.02")
+  capsys.readouterr()
+  assert lm_example.main.main([*args, "--lr", "0.02"]) == 2
   # The shared phase ran at low_rank_ddp's tuned rate, 0.0125 (examples/lm/tuned.py).
-  assert other.returncode == 2 and "use --lr 0.0125" in other.stderr.strip().splitlines()[-1]
+  assert "use --lr 0.0125" in capsys.readouterr().err.strip().splitlines()[-1]
