@@ -23,7 +23,7 @@ import pytest
 
 from tests.helpers.lm_example import data
 
-pytestmark = pytest.mark.timeout(300, method="thread")
+pytestmark = pytest.mark.timeout(1200, method="thread")  # ends a hang, not a busy host's run
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -36,7 +36,7 @@ def report(tmp_path_factory):
     [sys.executable, "benchmarks/quality/precision.py", "--quick", "--out", str(out)],
     capture_output=True,
     text=True,
-    timeout=280,
+    timeout=1100,
     env=env,
     cwd=ROOT,
   )
