@@ -116,7 +116,8 @@ GPT2_LM = model.ModelConfig(d_model=768, num_layers=12, num_heads=12, seq_len=51
 FULL = dict(shapes=table.gpt2_small_shapes(), rank=table.RANK, period=table.K)
 QUICK = dict(shapes=table.gpt2_shapes(2, 64, vocab=512, context=128), rank=16, period=4)
 QUICK_REPEATS = 2
-QUICK_PROJECTIONS = ("subspace_iteration", "svd")  # LoRDO's default and the exact one.
+# LoRDO's default and the exact one; quick mode's LoRDO rows take the first only.
+QUICK_PROJECTIONS = ("subspace_iteration", "svd")
 REPEATS = {"cpu": 3}  # Full mode's rounds per platform; 5 elsewhere.
 WATCHDOG_S = 3600  # A section and dtype that runs longer has hung: traceback, exit.
 MB = 1e6
@@ -139,7 +140,7 @@ def parse_args(argv=None):
       "--projections",
       default=None,
       help="LoRDO's one-sided projections to measure (default: all; with --quick, "
-      f"{','.join(QUICK_PROJECTIONS)})",
+      f"{','.join(QUICK_PROJECTIONS)}, LoRDO's rows at the first only)",
     )
     parser.add_argument("--dtypes", default=",".join(DTYPES), help="float32,bfloat16")
     parser.add_argument(
@@ -152,11 +153,16 @@ def parse_args(argv=None):
       "--repeats", type=int, default=None, help="timed rounds per candidate (after a warm-up)"
     )
 
-  args = studies.parse_args(__doc__, "tiny shapes, the LM's tiny preset, 2 rounds", argv, extra)
+  args = studies.parse_args(
+    __doc__, "tiny shapes, the LM's tiny preset, 2 rounds, LoRDO at one projection", argv, extra
+  )
   platform = jax.devices()[0].platform
   args.sections, args.dtypes = args.sections.split(","), args.dtypes.split(",")
   default = QUICK_PROJECTIONS if args.quick else tuple(bases.ONE_SIDED)
   args.projections = args.projections.split(",") if args.projections else list(default)
+  # Quick mode's LoRDO rows (optimizer and LM sections): the first projection only; its
+  # refresh section compares every one.
+  args.lordo_projections = args.projections[:1] if args.quick else args.projections
   args.without = [w for w in args.without.split(",") if w]
   if not set(args.without) <= {"galore", "offload"}:
     raise SystemExit(f"--without {','.join(args.without)}: choose among galore,offload")
@@ -524,9 +530,9 @@ def measure(section: str, dtype: str, args, settings: dict) -> tuple[list[dict],
   start = time.perf_counter()
   faulthandler.dump_traceback_later(WATCHDOG_S, exit=True)
   if section == "lm":
-    candidates = lm_section(dtype, lm_config(args.lm), settings["period"], args.projections)
+    candidates = lm_section(dtype, lm_config(args.lm), settings["period"], args.lordo_projections)
   elif section == "optimizer":
-    projections, without = args.projections, args.without
+    projections, without = args.lordo_projections, args.without
     candidates = optimizer_section(dtype, **settings, projections=projections, without=without)
   else:
     candidates = refresh_section(dtype, **settings, projections=args.projections)
@@ -698,6 +704,7 @@ def settings_of(args, settings: dict) -> dict:
     "optimizer_shapes": "tiny GPT-2 (2 layers, d = 64)" if args.quick else "GPT-2 small",
     "optimizer_params": sum(x.size for x in jax.tree.leaves(settings["shapes"])),
     "projections": args.projections,
+    "lordo_projections": args.lordo_projections,
     "refreshed_matrices": len(block_matrices(settings["shapes"])),
     "lm": args.lm,
     "lm_config": dataclasses.asdict(config),

@@ -3,7 +3,7 @@
 The script runs as a user runs it (``python benchmarks/speed/device_speed.py --quick``, with
 ``--out`` a temporary folder), with two devices present (it uses the first). The checks
 read its JSON and markdown: every expected row is there (AdamW, GaLore, DDP, low-rank
-DDP and LoRDO with every one-sided projection, in both dtypes), every time is positive
+DDP and LoRDO, the refresh of both quick projections, in both dtypes), every time is positive
 and finite, the amortised times and the ratios are what the JSON's own medians give,
 LoRDO synced once per round, the offloaded anchor left the device for the host, and the
 bfloat16 states differ from the float32 ones by exactly the parameters' copies; and
@@ -83,16 +83,18 @@ def test_every_row_is_there(result):
   record, _ = result
   projections = list(device_speed.QUICK_PROJECTIONS)  # Quick mode's; every one in full.
   assert record["settings"]["projections"] == projections
+  lordo = record["settings"]["lordo_projections"]  # Quick mode's LoRDO rows: the first.
+  assert lordo == projections[:1] == [DEFAULT]
   assert record["device"]["visible"] == 2 and "pinned_host" in record["device"]["memories"]
   expected = set()
   for dtype in DTYPES:
     expected |= {("refresh", dtype, "refresh", p, False) for p in projections}
     expected |= {("optimizer", dtype, "adamw", None, False)}
     expected |= {("optimizer", dtype, "galore", None, False)}
-    expected |= {("optimizer", dtype, "lordo", p, False) for p in projections}
+    expected |= {("optimizer", dtype, "lordo", p, False) for p in lordo}
     expected |= {("optimizer", dtype, "lordo", DEFAULT, True)}
     expected |= {("lm", dtype, "ddp", None, False), ("lm", dtype, "low_rank_ddp", None, False)}
-    expected |= {("lm", dtype, "lordo", p, False) for p in projections}
+    expected |= {("lm", dtype, "lordo", p, False) for p in lordo}
     expected |= {(section, dtype, device_speed.PHASED, DEFAULT, False) for section in SECTIONS}
   assert set(by_key(record)) == expected
 
@@ -177,7 +179,7 @@ def test_bfloat16_halves_the_parameters_copies_only(result):
   f32, bf16 = state("optimizer", "lordo", DEFAULT, offload=True)
   assert (f32["host"], bf16["host"]) == (FLOAT32 * params, BFLOAT16 * params)  # The anchor.
   assert f32["device"] == bf16["device"]  # Moments and bases in float32, int32 counters.
-  for projection in device_speed.QUICK_PROJECTIONS:
+  for projection in record["settings"]["lordo_projections"]:
     f32, bf16 = state("optimizer", "lordo", projection)
     assert f32["device"] - bf16["device"] == (FLOAT32 - BFLOAT16) * params
   f32, bf16 = state("optimizer", "adamw")  # Two moments in the parameters' dtype, a count.
@@ -186,7 +188,7 @@ def test_bfloat16_halves_the_parameters_copies_only(result):
   for method in ("ddp", "low_rank_ddp"):
     f32, bf16 = state("lm", method)
     assert f32 == bf16
-  for projection in device_speed.QUICK_PROJECTIONS:
+  for projection in record["settings"]["lordo_projections"]:
     f32, bf16 = state("lm", "lordo", projection)
     assert f32["device"] - bf16["device"] == (FLOAT32 - BFLOAT16) * lm_params
 
