@@ -9,7 +9,7 @@ worker, peak learning rate 2e-2 after 8 warmup steps, then cosine) from the same
 twice: with float32 parameters and with bfloat16 ones (``TrainConfig.param_dtype``, the
 job's ``--param-dtype``). The optimizer keeps its moments and bases in float32 either
 way. Each run's final validation loss over 512 windows; the gap is bfloat16 minus
-float32, relative to float32 (issue 5, acceptance 5, asks for within 2%). The dtypes
+float32, relative to float32 (the claim: within 2%). The dtypes
 the bfloat16 run's last checkpoint holds are recorded with the losses, and the text's
 unigram entropy (the loss of a model that learned only byte frequencies). Each seed's
 pair is cached, one JSON file (``<out>/runs/precision``), so a study that is stopped
