@@ -72,19 +72,24 @@ class MatrixLayout:
       leaves.append(jnp.concatenate(parts, axis=parts[0].ndim - core - 1))
     return jax.tree.unflatten(jax.tree.structure(entries[0]), leaves)
 
-  def unstack(self, g: int, tree: Any, indices: list[int]) -> list[Any]:
-    """Inverse of :meth:`stack`: one state per matrix of ``indices``."""
+  def unstack(self, g: int, tree: Any, indices: list[int], only=None) -> list[Any]:
+    """Inverse of :meth:`stack`: one state per matrix of ``indices`` (of those in
+    ``only`` alone, in its order, if given: the others are not sliced out)."""
+    only = list(indices) if only is None else list(only)
     if len(indices) == 1:
-      return [tree]
+      return [tree] * len(only)
+    starts, start = {}, 0
+    for i in indices:
+      starts[i] = start
+      start += math.prod(self.batch_shapes[i])
     leaves, treedef = jax.tree.flatten(tree)
-    entries = [[] for _ in indices]
+    entries = [[] for _ in only]
     for x, core in zip(leaves, self.cores[g], strict=True):
-      lead, start = x.ndim - core - 1, 0
-      for entry, i in zip(entries, indices, strict=True):
+      lead = x.ndim - core - 1
+      for entry, i in zip(entries, only, strict=True):
         batch = self.batch_shapes[i]
-        part = jax.lax.slice_in_dim(x, start, start + math.prod(batch), axis=lead)
+        part = jax.lax.slice_in_dim(x, starts[i], starts[i] + math.prod(batch), axis=lead)
         entry.append(jnp.reshape(part, (*x.shape[:lead], *batch, *x.shape[lead + 1 :])))
-        start += math.prod(batch)
     return [treedef.unflatten(entry) for entry in entries]
 
 
@@ -172,10 +177,12 @@ class GroupedMoments:
       leaves[k] = entry
     return jax.tree.unflatten(self.layout.treedef, leaves)
 
-  def _entries(self, g: int) -> dict[int, Any]:
-    """The state of every matrix of group ``g``, by index (slices of its stack)."""
+  def _entries(self, g: int, only=None) -> dict[int, Any]:
+    """The state of every matrix of group ``g`` (of those in ``only``, if given), by
+    index: slices of its stack."""
     members = list(self.layout.groups[g])
-    return dict(zip(members, self.layout.unstack(g, self.groups[g], members), strict=True))
+    only = members if only is None else list(only)
+    return dict(zip(only, self.layout.unstack(g, self.groups[g], members, only), strict=True))
 
   def listed(self) -> list:
     """Every matrix's state, in leaf order (slices of the stacks)."""
@@ -207,7 +214,7 @@ class GroupedMoments:
     g = self.layout.group_of(indices[0])
     if tuple(indices) == self.layout.groups[g]:
       return self.groups[g]
-    entries = self._entries(g)
+    entries = self._entries(g, indices)
     return self.layout.stack(g, [entries[i] for i in indices], list(indices))
 
   def put(self, parts: dict[tuple[int, ...], Any]) -> "GroupedMoments":
@@ -225,6 +232,6 @@ class GroupedMoments:
       pending.setdefault(g, {}).update(zip(indices, new, strict=True))
     for g, new in pending.items():
       members = list(self.layout.groups[g])
-      old = self._entries(g)
-      groups[g] = self.layout.stack(g, [new.get(i, old[i]) for i in members], members)
+      old = self._entries(g, [i for i in members if i not in new])
+      groups[g] = self.layout.stack(g, [new[i] if i in new else old[i] for i in members], members)
     return GroupedMoments(tuple(groups), self.layout)
