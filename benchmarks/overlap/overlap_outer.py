@@ -180,7 +180,7 @@ def main(argv=None) -> int:
   study = quality.QUICK if args.quick else quality.FULL
   steps = 96 if args.quick else STEPS
   rates = (
-    {m: study.learning_rates[0] for m in METHODS}
+    {m: overlap_quality.QUICK_LEARNING_RATE for m in METHODS}
     if args.quick
     else overlap_quality.tuned_rates(args.out, steps)
   )

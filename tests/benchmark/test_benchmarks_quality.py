@@ -10,6 +10,7 @@ each later study's use of the quality study's own runs. A second run on the same
 must train nothing.
 """
 
+import dataclasses
 import json
 import math
 import os
@@ -155,6 +156,57 @@ def test_learning_rates_are_tuned_the_same_way(quality, rows):
   # Same iterates, other messages: the losses agree to float rounding.
   assert projected["mean"] == pytest.approx(full["mean"], abs=1e-3)
   assert projected["bytes"] < full["bytes"]
+
+
+def test_each_method_trains_at_the_rate_of_its_lowest_loss(monkeypatch):
+  """The study's choice of rates on made-up losses, without training: each tuned method's
+  best rate is that of its lowest final loss, a diverged run (NaN) the worst whatever its
+  place; a method with another's iterates takes that one's rate; every seed runs at it;
+  the rank x batch sweep runs its variants at each of their best rates, every cell and
+  seed. (The quick study sweeps one rate, so only this test sees a choice made.)"""
+  from benchmarks.harness import lm_runs
+  from benchmarks.harness import variants
+  from benchmarks.quality import quality as study
+
+  rates = (1e-3, 3e-3, 1e-2)
+  tuned = [v.name for v in variants.QUALITY if v.same_iterates_as is None]
+  best = {name: rates[1 + k % 2] for k, name in enumerate(tuned)}  # never the first
+  trained = []
+
+  def run(spec, cache, fresh=False):
+    trained.append(spec)
+    name, lr = spec.variant.name, spec.learning_rate
+    loss = math.nan if lr == rates[0] else 1.0 if lr == best.get(name) else 2.0
+    return {"spec": spec, "result": {"final_val_loss": loss}}
+
+  monkeypatch.setattr(lm_runs, "run", run)
+  settings = dataclasses.replace(
+    study.QUICK, learning_rates=rates, seeds=(0, 1), ranks=(4, 8), batch_sizes=(8,)
+  )
+  found = study.run_study(settings, pathlib.Path("unused"))
+  expected = {v.name: best[v.same_iterates_as or v.name] for v in variants.QUALITY}
+  assert found["best_lr"] == expected
+  assert {name: list(runs) for name, runs in found["sweep"].items()} == {
+    name: list(rates) for name in tuned
+  }
+  for name, records in found["seeds"].items():
+    assert [r["spec"].seed for r in records] == [0, 1]
+    assert {r["spec"].learning_rate for r in records} == {expected[name]}
+  batch_rates = sorted({expected[name] for name in variants.RANK_BATCH})
+  assert len(batch_rates) == 2  # Each variant also at the other's rate.
+  assert set(found["rank_batch"]) == set(variants.RANK_BATCH)
+  for cells in found["rank_batch"].values():
+    assert list(cells) == [(4, 8), (8, 8)]
+    for (rank, batch), by_rate in cells.items():
+      assert list(by_rate) == batch_rates
+      for lr, records in by_rate.items():
+        specs = [r["spec"] for r in records]
+        assert [(s.rank, s.batch_size, s.learning_rate, s.seed) for s in specs] == [
+          (rank, batch, lr, 0), (rank, batch, lr, 1)
+        ]  # fmt: skip
+  assert len(trained) == len(tuned) * len(rates) + 2 * len(variants.QUALITY) + sum(
+    2 * 2 * len(batch_rates) for _ in variants.RANK_BATCH
+  )
 
 
 def test_claims_follow_from_the_tables(quality, rows):
