@@ -47,12 +47,6 @@ def saved_trees(directory, step: int, workers: int):
   return jax.device_get(checkpoint.restore(directory, step, *like))
 
 
-def saved(tmp_path_factory, name: str, stop_after: int):
-  """The run on 4 workers stopped after ``stop_after``: its config and result."""
-  config = dataclasses.replace(CONFIG, checkpoint_dir=str(tmp_path_factory.mktemp(name)))
-  return config, run(config, M, stop_after=stop_after)
-
-
 def main_py(config, *args: str, out) -> tuple[str, list]:
   """LoRDO of ``config`` through ``examples/main.py`` in this process (``run_main``)."""
   argv = [*lm_example.main_args(config), "--methods", "lordo", "--out", str(out), *args]
@@ -63,16 +57,20 @@ def main_py(config, *args: str, out) -> tuple[str, list]:
 @pytest.fixture(scope="module")
 def saved_at_boundary(tmp_path_factory):
   """The run on 4 workers stopped after step 16, the end of round 2, through
-  ``examples/main.py``."""
+  ``examples/main.py``; it saved at step 12 too."""
   root = tmp_path_factory.mktemp("boundary")
-  (result,) = main_py(CONFIG, "--checkpoint-dir", str(root), "--stop-after", str(B), out=root)
+  args = ("--checkpoint-dir", str(root), "--stop-after", str(B), "--checkpoint-every", str(MID))
+  (result,) = main_py(CONFIG, *args, out=root)
   return dataclasses.replace(CONFIG, checkpoint_dir=str(root / "lordo")), result
 
 
 @pytest.fixture(scope="module")
-def saved_mid_round(tmp_path_factory):
-  """The run on 4 workers stopped after step 12, mid-round 2."""
-  return saved(tmp_path_factory, "mid_round", MID)
+def saved_mid_round(saved_at_boundary, tmp_path_factory):
+  """The run on 4 workers as if stopped after step 12, mid-round 2: its checkpoint of
+  step 12 alone (``copy_checkpoint``), its config."""
+  directory = tmp_path_factory.mktemp("mid_round") / "ckpt"
+  lm_example.copy_checkpoint(saved_at_boundary[0].checkpoint_dir, directory, MID)
+  return dataclasses.replace(CONFIG, checkpoint_dir=str(directory))
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +129,7 @@ def test_after_the_remap_a_stop_and_resume_is_the_run_that_never_stopped(
 
 
 def test_mid_round_is_refused_in_one_line_unless_the_round_restarts(saved_mid_round, tmp_path):
-  config = copied(saved_mid_round[0], tmp_path)
+  config = copied(saved_mid_round, tmp_path)
   with pytest.raises(checkpoints.ResumeError) as error:
     run(config, 2, resume=True)
   message = str(error.value)
@@ -148,7 +146,7 @@ def test_mid_round_the_round_can_finish_on_its_own_workers_first(
 ):
   """The other choice: resume on the saved 4 to the round's end, save, move to 2. It is
   the run saved at that boundary without a stop, moved to 2, bit for bit."""
-  finished = copied(saved_mid_round[0], tmp_path)
+  finished = copied(saved_mid_round, tmp_path)
   run(finished, M, resume=True, stop_after=B)  # finish round 2 on the 4 workers
   moved = run(finished, 2, resume=True)
   straight, reference = moved_to_2
