@@ -1,6 +1,7 @@
 """The LM job's elastic runs: resumed on another number of workers, workers away for rounds.
 
-A LoRDO run saved on 4 workers at a boundary continues on 2 (and on 8): its first steps'
+A LoRDO run saved on 4 workers at a boundary continues on 2 (and on 8), the first stop
+and the resume on 2 through ``examples/main.py`` in this process: its first steps'
 curves are the saved run's, and a stop and resume on 2 workers after the remap is the
 resumed run that never stopped (the data generators restarted at the remap carry on).
 Mid-round the job refuses, in one line naming ``--resume-mid-round``, restarts the
@@ -10,13 +11,11 @@ is counted out of exactly those syncs.
 """
 
 import dataclasses
-import json
 import shutil
 
 import jax
 import numpy as np
 import pytest
-from test_lm_resume import main_py  # examples/main.py: the tiny preset, 16 steps, K = 8
 
 import lordo_jax
 from lordo_jax import checkpoint
@@ -48,29 +47,41 @@ def saved_trees(directory, step: int, workers: int):
   return jax.device_get(checkpoint.restore(directory, step, *like))
 
 
-def saved(tmp_path_factory, name: str, stop_after: int):
-  """The run on 4 workers stopped after ``stop_after``: its config and result."""
-  config = dataclasses.replace(CONFIG, checkpoint_dir=str(tmp_path_factory.mktemp(name)))
-  return config, run(config, M, stop_after=stop_after)
+def main_py(config, *args: str, out) -> tuple[str, list]:
+  """LoRDO of ``config`` through ``examples/main.py`` in this process (``run_main``)."""
+  argv = [*lm_example.main_args(config), "--methods", "lordo", "--out", str(out), *args]
+  _, _, results = lm_example.run_main(argv)
+  return results
 
 
 @pytest.fixture(scope="module")
 def saved_at_boundary(tmp_path_factory):
-  """The run on 4 workers stopped after step 16, the end of round 2."""
-  return saved(tmp_path_factory, "boundary", B)
+  """The run on 4 workers stopped after step 16, the end of round 2, through
+  ``examples/main.py``; it saved at step 12 too."""
+  root = tmp_path_factory.mktemp("boundary")
+  args = ("--checkpoint-dir", str(root), "--stop-after", str(B), "--checkpoint-every", str(MID))
+  (result,) = main_py(CONFIG, *args, out=root)
+  return dataclasses.replace(CONFIG, checkpoint_dir=str(root / "lordo")), result
 
 
 @pytest.fixture(scope="module")
-def saved_mid_round(tmp_path_factory):
-  """The run on 4 workers stopped after step 12, mid-round 2."""
-  return saved(tmp_path_factory, "mid_round", MID)
+def saved_mid_round(saved_at_boundary, tmp_path_factory):
+  """The run on 4 workers as if stopped after step 12, mid-round 2: its checkpoint of
+  step 12 alone (``copy_checkpoint``), its config."""
+  directory = tmp_path_factory.mktemp("mid_round") / "ckpt"
+  lm_example.copy_checkpoint(saved_at_boundary[0].checkpoint_dir, directory, MID)
+  return dataclasses.replace(CONFIG, checkpoint_dir=str(directory))
 
 
 @pytest.fixture(scope="module")
 def moved_to_2(saved_at_boundary, tmp_path_factory):
-  """The run saved at the boundary resumed on 2 workers to the end (its own copy)."""
-  config = copied(saved_at_boundary[0], tmp_path_factory.mktemp("moved_to_2"))
-  return config, run(config, 2, resume=True)
+  """The run saved at the boundary resumed on 2 workers to the end (its own copy),
+  through ``examples/main.py``."""
+  root = tmp_path_factory.mktemp("moved_to_2")
+  shutil.copytree(saved_at_boundary[0].checkpoint_dir, root / "lordo")
+  on_2 = dataclasses.replace(CONFIG, num_workers=2)
+  (result,) = main_py(on_2, "--checkpoint-dir", str(root), "--resume", out=root)
+  return dataclasses.replace(CONFIG, checkpoint_dir=str(root / "lordo")), result
 
 
 def copied(config, tmp_path):
@@ -118,7 +129,7 @@ def test_after_the_remap_a_stop_and_resume_is_the_run_that_never_stopped(
 
 
 def test_mid_round_is_refused_in_one_line_unless_the_round_restarts(saved_mid_round, tmp_path):
-  config = copied(saved_mid_round[0], tmp_path)
+  config = copied(saved_mid_round, tmp_path)
   with pytest.raises(checkpoints.ResumeError) as error:
     run(config, 2, resume=True)
   message = str(error.value)
@@ -135,7 +146,7 @@ def test_mid_round_the_round_can_finish_on_its_own_workers_first(
 ):
   """The other choice: resume on the saved 4 to the round's end, save, move to 2. It is
   the run saved at that boundary without a stop, moved to 2, bit for bit."""
-  finished = copied(saved_mid_round[0], tmp_path)
+  finished = copied(saved_mid_round, tmp_path)
   run(finished, M, resume=True, stop_after=B)  # finish round 2 on the 4 workers
   moved = run(finished, 2, resume=True)
   straight, reference = moved_to_2
@@ -189,30 +200,19 @@ def saved_like(config):
   return train.stack(params, M), train.stack(tx.init(params), M)
 
 
-def test_main_resumes_on_fewer_workers_and_refuses_a_worker_it_does_not_have(tmp_path, capsys):
-  """The resume end to end in two processes; the refusal, which stops before training,
-  through ``main.main`` in this one (its exit status and its one line)."""
-  ckpt = str(tmp_path / "ckpt")
-  first = lm_example_main(
-    "--workers", "4", "--checkpoint-dir", ckpt, "--stop-after", "8", out=tmp_path
-  )
-  assert first.wait(timeout=120) == 0, first.stderr.read()[-3000:]
-  resumed = lm_example_main("--workers", "2", "--checkpoint-dir", ckpt, "--resume", out=tmp_path)
-  _, stderr = resumed.communicate(timeout=120)
-  assert resumed.returncode == 0, stderr[-3000:]
-  (result,) = json.loads((tmp_path / "results.json").read_text())["results"]
-  assert result["resumed_from"] == 8 and len(result["train_loss"]) == 16
+def test_main_resumes_on_fewer_workers_and_refuses_a_worker_it_does_not_have(
+  moved_to_2, tmp_path, capsys
+):
+  """The stop on 4 workers and the resume on 2 through ``examples/main.py`` (the
+  fixtures' runs); the refusal, which stops before training (exit status, one line)."""
+  _, result = moved_to_2
+  assert result.resumed_from == B and len(result.train_loss) == N
   capsys.readouterr()
   bad = ["--methods", "lordo", "--workers", "4", "--absent", "4:1-2", "--out", str(tmp_path / "x")]
   assert lm_example.main.main(bad) == 2
   lines = stderr_lib.error_lines(capsys.readouterr().err)
   assert len(lines) == 1 and "--absent 4:1-2: give a worker in 0..3" in lines[0], lines
   assert not (tmp_path / "x").exists()
-
-
-def lm_example_main(*args, out):
-  """LoRDO through ``examples/main.py``, 4 windows a worker (2 workers: 4 devices each)."""
-  return main_py("--methods", "lordo", "--batch", "4", *args, out=out)
 
 
 def test_the_checkpoints_guide_gives_the_jobs_real_options():

@@ -1,21 +1,18 @@
 """The LM job with ``--fsdp N`` and ``--offload``: sharded workers, anchors in host memory.
 
 LoRDO on the tiny LM, 4 workers x 2-way FSDP on the 8 simulated devices, with its
-anchor offloaded: a run stopped mid-round and resumed by a second ``train`` call (which
-rebuilds the mesh, the placement and the jitted step, and restores the sharded,
-offloaded checkpoint) must end bit-identical to the run that never stopped, its state
-still split over ``fsdp`` and its anchor still in ``pinned_host`` memory; the same
-checkpoint resumed unsharded and without offload must continue the same run; and the
-sharded run must give the ``--fsdp 1`` run's result to float rounding. Then the
-refusals of layouts that cannot work, and the command line.
+anchor offloaded, trained through ``examples/main.py`` (in this process): its mid-round
+checkpoint, resumed by a ``train`` call (which rebuilds the mesh, the placement and the
+jitted step, and restores the sharded, offloaded checkpoint), must end bit-identical to
+the run that never stopped, its state still split over ``fsdp`` and its anchor still in
+``pinned_host`` memory; the same checkpoint resumed unsharded and without offload must
+continue the same run; and the sharded run must give the ``--fsdp 1`` run's result to
+float rounding. Likewise with a message in flight (``--overlap``). Then the refusals of
+layouts that cannot work, and the command line.
 """
 
 import dataclasses
-import json
 import pathlib
-import shutil
-import subprocess
-import sys
 
 import jax
 import numpy as np
@@ -25,7 +22,6 @@ import lordo_jax
 from lordo_jax import checkpoint
 from tests.helpers import lm_example
 from tests.helpers import stderr as stderr_lib
-from tests.helpers.lm_example import EXAMPLES
 from tests.helpers.lm_example import PRESET
 from tests.helpers.lm_example import main
 from tests.helpers.lm_example import model
@@ -54,19 +50,24 @@ def run(config, directory, dataset, **changes):
 
 @pytest.fixture(scope="module")
 def runs(dataset, tmp_path_factory):
-  """The sharded, offloaded run straight, stopped at STOP and resumed (also unsharded,
-  without offload, from a copy of the checkpoint); and the --fsdp 1 run."""
+  """The sharded, offloaded run straight through ``examples/main.py`` (in this process),
+  saving at STOP too; its checkpoint of STOP resumed as it was and unsharded without
+  offload (as if it had stopped there); and the --fsdp 1 run."""
   root = tmp_path_factory.mktemp("fsdp")
-  runs = {
-    "straight": run(CONFIG, root / "straight", dataset),
-    "stopped": run(CONFIG, root / "resumed", dataset, stop_after=STOP),
+  argv = [*lm_example.main_args(CONFIG), "--methods", "lordo", "--out", str(root / "out")]
+  argv += ["--checkpoint-dir", str(root / "cli"), "--checkpoint-every", str(STOP)]
+  stdout, written, (straight,) = lm_example.run_main(argv)
+  for name in ("resumed", "relaid"):
+    lm_example.copy_checkpoint(root / "cli" / "lordo", root / name, STOP)
+  return {
+    "straight": straight,
+    "stdout": stdout,
+    "written": written,
     "root": root,
+    "resumed": run(CONFIG, root / "resumed", dataset, resume=True),
+    "relaid": run(CONFIG, root / "relaid", dataset, resume=True, fsdp=1, offload=False),
+    "unsharded": run(CONFIG, root / "unsharded", dataset, fsdp=1, offload=False),
   }
-  shutil.copytree(root / "resumed", root / "relaid")
-  runs["resumed"] = run(CONFIG, root / "resumed", dataset, resume=True)
-  runs["relaid"] = run(CONFIG, root / "relaid", dataset, resume=True, fsdp=1, offload=False)
-  runs["unsharded"] = run(CONFIG, root / "unsharded", dataset, fsdp=1, offload=False)
-  return runs
 
 
 def placed_targets(config):
@@ -95,14 +96,13 @@ def assert_bit_identical(actual, expected):
 
 
 def test_resumed_sharded_offloaded_run_is_bit_identical(runs):
-  straight, stopped, resumed = runs["straight"], runs["stopped"], runs["resumed"]
-  assert resumed.resumed_from == STOP and len(stopped.train_loss) == STOP
-  params, state = final_trees(runs["root"] / "straight")
+  straight, resumed = runs["straight"], runs["resumed"]
+  assert resumed.resumed_from == STOP
+  params, state = final_trees(runs["root"] / "cli" / "lordo")
   resumed_params, resumed_state = final_trees(runs["root"] / "resumed")
   assert_bit_identical(resumed_params, params)
   assert_bit_identical(resumed_state, state)  # The ledger, bases, moments, anchor too.
   assert resumed.train_loss == straight.train_loss
-  assert resumed.train_loss[:STOP] == stopped.train_loss
   assert resumed.bytes_sent == straight.bytes_sent
   assert [(e["step"], e["val_loss"]) for e in resumed.evals] == [
     (e["step"], e["val_loss"]) for e in straight.evals
@@ -139,7 +139,7 @@ def test_two_way_fsdp_gives_the_unsharded_result(runs):
   np.testing.assert_allclose(sharded.final_val_loss, unsharded.final_val_loss, rtol=1e-5)
   np.testing.assert_allclose(sharded.train_loss, unsharded.train_loss, rtol=1e-5)
   assert sharded.bytes_sent == unsharded.bytes_sent  # Ledgers equal.
-  params, _ = final_trees(runs["root"] / "straight")
+  params, _ = final_trees(runs["root"] / "cli" / "lordo")
   reference, _ = final_trees(
     runs["root"] / "unsharded", dataclasses.replace(CONFIG, fsdp=1, offload=False)
   )
@@ -182,32 +182,22 @@ def test_layouts_that_cannot_work_are_refused():
     main.check_offload(True, ["lordo", "ddp", "low_rank_ddp"], train.offload_methods())
 
 
-MAIN_ARGS = [
-  "--preset", "tiny", "--steps", "8", "--sync-every", "4", "--rank", "4", "--batch", "2",
-  "--eval-every", "4", "--eval-windows", "8", "--workers", "4", "--no-progress",
-]  # fmt: skip
-
-
-def main_py(*args: str, out: pathlib.Path) -> subprocess.Popen:
-  command = [sys.executable, str(EXAMPLES / "main.py"), *MAIN_ARGS, "--out", str(out), *args]
-  return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def test_main_trains_sharded_and_offloaded_and_refuses_offload_without_an_anchor(tmp_path, capsys):
-  """The sharded, offloaded run end to end in a process; the refusal, which stops
-  before training, through ``main.main`` in this one (exit status, its one line)."""
-  good = main_py("--methods", "lordo", "--fsdp", "2", "--offload", out=tmp_path / "ok")
+def test_main_trains_sharded_and_offloaded_and_refuses_offload_without_an_anchor(
+  runs, tmp_path, capsys
+):
+  """The sharded, offloaded run through ``examples/main.py`` (the fixture's straight
+  run: its banner, results.json and table); the refusal, which stops before training
+  (exit status, its one line)."""
+  refused = [*lm_example.main_args(dataclasses.replace(CONFIG, fsdp=1, offload=False))]
+  refused += ["--out", str(tmp_path / "no"), "--methods", "lordo,ddp", "--offload"]
   capsys.readouterr()
-  refused = [*MAIN_ARGS, "--out", str(tmp_path / "no"), "--methods", "lordo,ddp", "--offload"]
   assert main.main(refused) == 2
   lines = stderr_lib.error_lines(capsys.readouterr().err)
   assert len(lines) == 1, lines
   assert "--offload: ddp has no anchor" in lines[0] and "among lordo," in lines[0]
   assert not (tmp_path / "no").exists()
-  stdout, stderr = good.communicate(timeout=180)
-  assert good.returncode == 0, stderr[-3000:]
+  stdout, results = runs["stdout"], runs["written"]
   assert "4 worker(s) on 8 devices, each sharded 2 ways (FSDP), anchors in host memory" in stdout
-  results = json.loads((tmp_path / "ok" / "results.json").read_text())
   assert results["train_config"]["fsdp"] == 2 and results["train_config"]["offload"]
   (result,) = results["results"]
   host = result["state_bytes"]["host"]
@@ -216,23 +206,24 @@ def test_main_trains_sharded_and_offloaded_and_refuses_offload_without_an_anchor
   header = next(i for i, line in enumerate(lines) if line.startswith("method"))
   row = lines[header + 2]
   assert row.startswith("lordo ") and f"  {report.human_bytes(host)}  " in row
-  assert len(result["train_loss"]) == 8 and result["final_val_loss"] < 5.0
+  assert len(result["train_loss"]) == N and result["final_val_loss"] < 5.0
 
 
 def test_a_message_in_flight_resumes_bit_identically_sharded_and_offloaded(dataset, tmp_path):
-  """--overlap 3 (K = 4): the run stops at step 6 with the message frozen at step 4
-  two chunks of three sent; resumed, it ends where the run that never stopped does, its
-  message in flight in host memory and split over fsdp. The steps that send a chunk
-  run their own program (the static phase)."""
+  """--overlap 3 (K = 4): the checkpoint of step 6 holds the message frozen at step 4,
+  two chunks of three sent; resumed from it, the run ends where the run that never
+  stopped does, its message in flight in host memory and split over fsdp. The steps
+  that send a chunk run their own program (the static phase)."""
   config = dataclasses.replace(CONFIG, overlap=3, merge="streaming")
-  straight = run(config, tmp_path / "straight", dataset)
-  stopped = run(config, tmp_path / "resumed", dataset, stop_after=STOP)
+  straight = run(config, tmp_path / "straight", dataset, checkpoint_every=STOP)
+  lm_example.copy_checkpoint(tmp_path / "straight", tmp_path / "resumed", STOP)
   resumed = run(config, tmp_path / "resumed", dataset, resume=True)
-  assert stopped.train_loss == straight.train_loss[:STOP] and resumed.resumed_from == STOP
+  assert resumed.resumed_from == STOP
   params, state = final_trees(tmp_path / "straight", config)
   resumed_params, resumed_state = final_trees(tmp_path / "resumed", config)
   assert_bit_identical(resumed_params, params)
   assert_bit_identical(resumed_state, state)
+  assert resumed.train_loss == straight.train_loss
   assert resumed.bytes_sent == straight.bytes_sent
   for buffer in jax.tree.leaves(resumed_state.in_flight[:2]):
     assert buffer.sharding.memory_kind == "pinned_host"

@@ -1,19 +1,16 @@
 """The LM example's checkpoints: a stopped and resumed run is the run that never stopped.
 
-For LoRDO and DiLoCo, the tiny LM is trained N steps straight, and again with a stop
-after k steps (mid-round) followed by a second ``train`` call that rebuilds
-everything (model, optimizer, mesh, jitted step, data generators) and restores the
-checkpoint. The final parameters and optimizer states, read back from each run's
-last checkpoint, must be bit-identical, and so must the curves. Then the command
-line: a stop and a resume through ``examples/main.py``, and resumes that cannot work
-stopping with one line that says what to change.
+For LoRDO and DiLoCo, the tiny LM is trained N steps straight, and again through
+``examples/main.py`` (in this process) with a stop after k steps (mid-round) followed
+by a second call that rebuilds everything (model, optimizer, mesh, jitted step, data
+generators) and restores the checkpoint. The final parameters and optimizer states,
+read back from each run's last checkpoint, must be bit-identical, and so must the
+curves. Then resumes that cannot work stopping with one line that says what to change.
 """
 
 import dataclasses
-import json
 import pathlib
-import subprocess
-import sys
+import shutil
 
 import jax
 import numpy as np
@@ -22,7 +19,6 @@ import pytest
 from lordo_jax import checkpoint
 from tests.helpers import lm_example
 from tests.helpers import stderr as stderr_lib
-from tests.helpers.lm_example import EXAMPLES
 from tests.helpers.lm_example import PRESET
 from tests.helpers.lm_example import checkpoints
 from tests.helpers.lm_example import data
@@ -59,25 +55,40 @@ def assert_trees_equal(actual, expected):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(e), err_msg=path, strict=True)
 
 
+def stop_and_resume(method: str, root: pathlib.Path, dataset) -> dict:
+  """``method`` trained N steps straight (``train``), and through ``examples/main.py``
+  (in this process) stopped after STOP, then resumed to N: the results, and a copy of
+  the stopped run's checkpoint directory."""
+  config = dataclasses.replace(CONFIG, checkpoint_dir=str(root / "straight"))
+  straight = train.train(method, config, PRESET, dataset, progress=False)
+  argv = [*lm_example.main_args(CONFIG), "--methods", method, "--checkpoint-dir", str(root)]
+  _, _, (stopped,) = lm_example.run_main([*argv, "--stop-after", str(STOP), "--out", str(root)])
+  shutil.copytree(root / method, root / "stopped")
+  _, written, (resumed,) = lm_example.run_main([*argv, "--resume", "--out", str(root)])
+  return {"straight": straight, "stopped": stopped, "resumed": resumed, "written": written}
+
+
+@pytest.fixture(scope="module")
+def lordo_runs(dataset, tmp_path_factory):
+  return stop_and_resume("lordo", tmp_path_factory.mktemp("lordo"), dataset)
+
+
+@pytest.fixture(scope="module")
+def diloco_runs(dataset, tmp_path_factory):
+  return stop_and_resume("diloco", tmp_path_factory.mktemp("diloco"), dataset)
+
+
 @pytest.mark.parametrize("method", ["lordo", "diloco"])
-def test_stop_and_resume_is_bit_identical(method, dataset, tmp_path):
-  straight = train.train(
-    method, dataclasses.replace(CONFIG, checkpoint_dir=str(tmp_path / "a")), PRESET, dataset,
-    progress=False,
-  )  # fmt: skip
-  stopped_config = dataclasses.replace(CONFIG, checkpoint_dir=str(tmp_path / "b"))
-  stopped = train.train(
-    method, dataclasses.replace(stopped_config, stop_after=STOP), PRESET, dataset, progress=False
-  )
+def test_stop_and_resume_is_bit_identical(method, request):
+  runs = request.getfixturevalue(f"{method}_runs")
+  straight, stopped, resumed = runs["straight"], runs["stopped"], runs["resumed"]
+  root = pathlib.Path(runs["written"]["args"]["checkpoint_dir"])
   assert len(stopped.train_loss) == STOP
-  assert checkpoints.latest_step(tmp_path / "b") == STOP
-  resumed = train.train(
-    method, dataclasses.replace(stopped_config, resume=True), PRESET, dataset, progress=False
-  )
+  assert checkpoints.latest_step(root / "stopped") == STOP
   assert resumed.resumed_from == STOP
 
-  params, state = final_trees(method, tmp_path / "a")
-  resumed_params, resumed_state = final_trees(method, tmp_path / "b")
+  params, state = final_trees(method, root / "straight")
+  resumed_params, resumed_state = final_trees(method, root / method)
   assert_trees_equal(resumed_params, params)
   assert_trees_equal(resumed_state, state)
   # The curves continue the stopped run's, and equal the straight run's.
@@ -106,12 +117,9 @@ def test_the_data_position_round_trips(dataset):
 
 
 @pytest.fixture(scope="module")
-def lordo_checkpoint(dataset, tmp_path_factory):
-  """A LoRDO run of CONFIG stopped after 2 steps: its checkpoint directory."""
-  directory = tmp_path_factory.mktemp("lordo")
-  config = dataclasses.replace(CONFIG, checkpoint_dir=str(directory), stop_after=2)
-  train.train("lordo", config, PRESET, dataset, progress=False)
-  return directory
+def lordo_checkpoint(lordo_runs):
+  """The LoRDO run of CONFIG stopped after STOP steps: (a copy of) its checkpoint directory."""
+  return pathlib.Path(lordo_runs["written"]["args"]["checkpoint_dir"]) / "stopped"
 
 
 RESUME_ERRORS = {
@@ -140,7 +148,8 @@ def test_resume_without_a_checkpoint_and_start_over_one(lordo_checkpoint, datase
     train.train("lordo", empty, PRESET, dataset, progress=False)
   assert not (tmp_path / "none").exists()
   fresh = dataclasses.replace(CONFIG, checkpoint_dir=str(lordo_checkpoint))
-  with pytest.raises(checkpoints.ResumeError, match=r"already holds a checkpoint \(step 2\); add"):
+  held = rf"already holds a checkpoint \(step {STOP}\); add"
+  with pytest.raises(checkpoints.ResumeError, match=held):
     train.train("lordo", fresh, PRESET, dataset, progress=False)
 
 
@@ -153,24 +162,10 @@ def test_a_checkpoint_from_elsewhere_is_refused(dataset, tmp_path):
     train.train("lordo", config, PRESET, dataset, progress=False)
 
 
-MAIN_ARGS = [
-  "--preset", "tiny", "--steps", "16", "--sync-every", "8", "--rank", "4", "--batch", "2",
-  "--eval-every", "8", "--eval-windows", "8", "--no-progress",
-]  # fmt: skip
-
-
-def main_py(*args: str, out: pathlib.Path) -> subprocess.Popen:
-  """``examples/main.py`` on the tiny preset, as a background process."""
-  command = [sys.executable, str(EXAMPLES / "main.py"), *MAIN_ARGS, "--out", str(out), *args]
-  return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def test_main_stops_resumes_and_rejects_what_cannot_resume(tmp_path, capsys):
-  """The stop and the resume end to end, each a process; the resumes that cannot work,
-  which stop before training, through ``main.main`` in this one (exit status, stderr)."""
-  ckpt = str(tmp_path / "ckpt")
-  first = main_py("--methods", "lordo", "--checkpoint-dir", ckpt, "--stop-after", "4", out=tmp_path)
-  assert first.wait(timeout=120) == 0, first.stderr.read()[-3000:]
+def test_main_stops_resumes_and_rejects_what_cannot_resume(lordo_runs, tmp_path, capsys):
+  """The stop and the resume through ``examples/main.py`` (the LoRDO runs above); the
+  resumes that cannot work, which stop before training (exit status, stderr)."""
+  ckpt = lordo_runs["written"]["args"]["checkpoint_dir"]
   bad = {
     "--rank 4": ["--methods", "lordo", "--resume", "--rank", "2"],
     "--methods lordo": ["--methods", "diloco", "--resume"],
@@ -178,15 +173,12 @@ def test_main_stops_resumes_and_rejects_what_cannot_resume(tmp_path, capsys):
   }
   for expected, args in bad.items():
     capsys.readouterr()
-    argv = [*MAIN_ARGS, "--out", str(tmp_path / "x"), "--checkpoint-dir", ckpt, *args]
-    assert lm_example.main.main(argv) == 2, expected
+    argv = [*lm_example.main_args(CONFIG), "--out", str(tmp_path / "x"), "--checkpoint-dir", ckpt]
+    assert lm_example.main.main([*argv, *args]) == 2, expected
     lines = stderr_lib.error_lines(capsys.readouterr().err)
     assert len(lines) == 1 and expected in lines[0], (expected, lines)
   assert not (tmp_path / "x").exists()
-  resumed = main_py("--methods", "lordo", "--checkpoint-dir", ckpt, "--resume", out=tmp_path)
-  stdout, stderr = resumed.communicate(timeout=120)
-  assert resumed.returncode == 0, stderr[-3000:]
-  (result,) = json.loads((tmp_path / "results.json").read_text())["results"]
-  assert result["resumed_from"] == 4
-  assert len(result["train_loss"]) == 16
-  assert [e["step"] for e in result["evals"]] == [0, 8, 16]
+  (result,) = lordo_runs["written"]["results"]
+  assert result["resumed_from"] == STOP
+  assert len(result["train_loss"]) == N
+  assert [e["step"] for e in result["evals"]] == [0, 8, 16, 24]
