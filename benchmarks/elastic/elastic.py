@@ -2,7 +2,7 @@ r"""Elastic training in quality: a run resumed on another number of workers, wor
 
     python benchmarks/elastic/elastic.py           # 1,024 steps, 3 seeds: CPU-hours
     python benchmarks/elastic/elastic.py --cached  # report what is cached, train nothing
-    python benchmarks/elastic/elastic.py --quick   # tiny preset, 32 steps: a few minutes
+    python benchmarks/elastic/elastic.py --quick   # tiny preset, 16 steps: a minute or two
 
 LoRDO on the overlap study's LM (small preset, r = 32, K = 16, 1,024 steps: 64 rounds,
 8 windows per worker per step, the long-horizon study's best rate at 1,024 steps), on 16
@@ -44,7 +44,7 @@ from benchmarks.overlap import overlap_quality  # noqa: E402
 from benchmarks.quality import quality  # noqa: E402
 
 NAME = "elastic"
-STEPS, QUICK_STEPS = 1024, 32
+STEPS, QUICK_STEPS = 1024, 16
 AWAY = (6, 7)  # A quarter of the 8 workers.
 
 
@@ -175,7 +175,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv=None) -> int:
-  args = studies.parse_args(__doc__, "tiny preset, 32 steps, 1 seed", argv, extra=add_options)
+  args = studies.parse_args(__doc__, "tiny preset, 16 steps, 1 seed", argv, extra=add_options)
   start = time.perf_counter()
   study = quality.QUICK if args.quick else quality.FULL
   steps = QUICK_STEPS if args.quick else STEPS
