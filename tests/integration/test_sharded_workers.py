@@ -158,15 +158,26 @@ def run(method: str, mesh, specs, host: bool = True):
 
 @functools.cache
 def unsharded_run(method: str, workers: int):
-  """The reference: each worker's model whole on one device."""
+  """The reference: each worker's model whole on one device. Returns the params on the
+  host, the state as it lies on the devices, and the ledgers."""
   mesh = jax.make_mesh((workers,), (AXIS,), devices=jax.devices()[:workers])
-  params, state = run(method, mesh, {name: P(AXIS) for name in sharded_mlp.params()})
-  return params, lordo_jax.communicated_bytes(state), lordo_jax.communicated_elements(state)
+  params, state = run(method, mesh, {name: P(AXIS) for name in sharded_mlp.params()}, host=False)
+  ledgers = lordo_jax.communicated_bytes(state), lordo_jax.communicated_elements(state)
+  return jax.device_get(params), state, *ledgers
 
 
-def _assert_same_run(method, mesh, specs):
-  params, state = run(method, mesh, specs)
-  reference, nbytes, elements = unsharded_run(method, mesh.shape[AXIS])
+@functools.cache
+def fsdp_run(method: str, axis_type: AxisType = AxisType.Explicit):
+  """``run`` on 4 workers x 2-way FSDP, both as they lie on the devices; the mesh."""
+  mesh = jax.make_mesh((4, 2), (AXIS, "fsdp"), axis_types=(axis_type,) * 2)
+  return mesh, *run(method, mesh, FSDP_SPECS, host=False)
+
+
+def _assert_same_run(method, mesh, specs, ran=None):
+  """``method`` on ``mesh`` (or its params and state ``ran`` there) against the reference."""
+  params, state = ran or run(method, mesh, specs)
+  params = jax.device_get(params)
+  reference, _, nbytes, elements = unsharded_run(method, mesh.shape[AXIS])
   for name, initial in sharded_mlp.params().items():
     scale = np.max(np.abs(reference[name]))
     moved = np.max(np.abs(reference[name] - np.asarray(initial)[None]))
@@ -192,8 +203,8 @@ AUTO_METHODS = ("lordo_svd", "lordo_int8", "lordo_overlap_fragments")
   ids=[f"{m}-explicit" for m in METHODS] + [f"{m}-auto" for m in AUTO_METHODS],
 )
 def test_four_workers_times_two_way_fsdp_match_the_unsharded_run(method, axis_type):
-  mesh = jax.make_mesh((4, 2), (AXIS, "fsdp"), axis_types=(axis_type,) * 2)
-  _assert_same_run(method, mesh, FSDP_SPECS)
+  mesh, params, state = fsdp_run(method, axis_type)
+  _assert_same_run(method, mesh, FSDP_SPECS, (params, state))
 
 
 @pytest.mark.parametrize(
@@ -236,11 +247,9 @@ def test_the_state_of_a_sharded_parameter_is_sharded_like_it(method):
   ``n x r`` bases along their rows, over the axis their matrix is split on.
   """
   fsdp = 2
-  mesh = jax.make_mesh((4, fsdp), (AXIS, "fsdp"))
-  whole_mesh = jax.make_mesh((4,), (AXIS,), devices=jax.devices()[:4])
-  _, state = run(method, mesh, FSDP_SPECS, host=False)
-  _, whole = run(method, whole_mesh, {name: P(AXIS) for name in sharded_mlp.params()}, host=False)
-  device, whole_device = mesh.devices.flat[0], whole_mesh.devices.flat[0]
+  mesh, _, state = fsdp_run(method)  # the runs the tests above compare
+  _, whole, _, _ = unsharded_run(method, 4)
+  device, whole_device = mesh.devices.flat[0], jax.devices()[0]
   sharded, unsharded = _bytes_on(device, state), _bytes_on(whole_device, whole)
   small = _bytes_on(whole_device, whole, _small)
   assert unsharded - small > small  # Most of the state is in the big leaves.
@@ -349,8 +358,7 @@ def test_a_products_only_refresh_never_gathers_a_matrix(specs):
 def test_the_message_in_flight_is_split_over_the_group_like_the_parameters(method):
   """Each device holds 1/F of the frozen message and of its means (their columns split
   over ``fsdp``), so overlap keeps FSDP's memory saving."""
-  mesh = jax.make_mesh((4, 2), (AXIS, "fsdp"))
-  _, state = run(method, mesh, FSDP_SPECS, host=False)
+  mesh, _, state = fsdp_run(method)  # the run the test above compares
   for buffer in jax.tree.leaves(state.in_flight[:2]):  # each part's
     assert tuple(buffer.sharding.spec)[:3] == (AXIS, None, ("fsdp",)) or tuple(
       buffer.sharding.spec

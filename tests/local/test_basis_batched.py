@@ -9,6 +9,8 @@ equals the unsharded one. Tolerances: float32 rounding of different but equivale
 programs (batched and unbatched calls, fused differently).
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -46,11 +48,12 @@ def test_the_bases_of_a_stack_are_those_of_its_matrices_alone(projection, two_si
   xs = _matrices(SHAPES[side], 3)
   keys = [jax.random.key(i) for i in range(3)]
   # A previous basis to warm-start from (subspace iteration): each matrix's exact one.
-  exact = strategy.exact or strategy.compute
+  exact = jax.jit(strategy.exact or strategy.compute)
   previous = [
     exact(x + 0.3 * x[::-1], strategy.init(k), k)[0] for x, k in zip(xs, keys, strict=True)
   ]
-  alone = [strategy.compute(x, p, k) for x, p, k in zip(xs, previous, keys, strict=True)]
+  compute = jax.jit(strategy.compute)
+  alone = [compute(x, p, k) for x, p, k in zip(xs, previous, keys, strict=True)]
   stack = lambda items: jax.tree.map(lambda *leaves: jnp.stack(leaves), *items)  # noqa: E731
   ((together, ok),) = jax.jit(
     lambda x, p, k: method.bases_of_mean([strategy], [x], [p], [k], False, lambda xs: xs)
@@ -70,9 +73,9 @@ def test_a_stack_keeps_each_failed_matrix_previous_basis_alone(projection, two_s
   xs[1] = xs[1].at[0, 0].set(jnp.nan)
   keys = jnp.stack([jax.random.key(0), jax.random.key(1)])
   previous = jax.tree.map(lambda b: jnp.stack([b, b]), strategy.init(jax.random.key(5)))
-  ((basis, ok),) = method.bases_of_mean(
-    [strategy], [jnp.stack(xs)], [previous], [keys], False, lambda xs: xs
-  )
+  ((basis, ok),) = jax.jit(
+    lambda x, p, k: method.bases_of_mean([strategy], [x], [p], [k], False, lambda xs: xs)
+  )(jnp.stack(xs), previous, keys)
   assert np.asarray(ok).tolist() == [True, False]
   _close(jax.tree.map(lambda b: b[1], basis), jax.tree.map(lambda b: b[1], previous), atol=0)
 
@@ -167,6 +170,27 @@ def test_a_stacked_leaf_in_lordo_trains_like_its_layers_as_leaves():
     _close(got["kernel"][i], want[f"layer{i}"], atol=1e-5)
 
 
+def _group_params():
+  return {f"m{i}": x for i, x in enumerate(_matrices((32, 16), 4))}
+
+
+def _refreshed(projection, params):
+  """The state of low-rank Adam after 3 steps (2 refreshes) on ``params``."""
+  tx = _tx(projection)
+  state = tx.init(params)
+  update = jax.jit(tx.update)
+  for t in range(3):
+    g = jax.tree.map(lambda x, t=t: x * (1 + 0.1 * t) + 0.01 * t, params)
+    _, state = update(g, state)
+  return state
+
+
+@functools.cache
+def _unsharded_refreshed(projection):
+  """:func:`_refreshed` on the unsharded group: the reference of both axis types."""
+  return _refreshed(projection, _group_params())
+
+
 @pytest.mark.parametrize("explicit", [True, False], ids=["Explicit", "Auto"])
 @pytest.mark.parametrize("projection", ["svd", "subspace_iteration", "randomized_svd"])
 def test_a_sharded_group_is_refreshed_as_the_unsharded_one(projection, explicit):
@@ -174,23 +198,13 @@ def test_a_sharded_group_is_refreshed_as_the_unsharded_one(projection, explicit)
   bases of the unsharded run, the bases split as their matrices are."""
   axis_type = AxisType.Explicit if explicit else AxisType.Auto
   mesh = jax.make_mesh((8,), ("fsdp",), axis_types=(axis_type,))
-  matrices = _matrices((32, 16), 4)
-  params = {f"m{i}": x for i, x in enumerate(matrices)}
+  params = _group_params()
   specs = {f"m{i}": P("fsdp", None) if i < 2 else P(None, "fsdp") for i in range(4)}
-  tx = _tx(projection)
-
-  def run(params):
-    state = tx.init(params)
-    for t in range(3):
-      g = jax.tree.map(lambda x, t=t: x * (1 + 0.1 * t) + 0.01 * t, params)
-      _, state = jax.jit(tx.update)(g, state)
-    return state
-
-  want = run(params)
+  want = _unsharded_refreshed(projection)
   set_mesh = getattr(jax, "set_mesh", None) or jax.sharding.use_mesh
   with set_mesh(mesh):
     split = {k: jax.device_put(x, NamedSharding(mesh, specs[k])) for k, x in params.items()}
-    got = run(split)
+    got = _refreshed(projection, split)
   for k in params:
     _close(got.moments.matrices()[k].basis, want.moments.matrices()[k].basis, atol=5e-5)
     _close(got.moments.matrices()[k].mu, want.moments.matrices()[k].mu, atol=5e-5)

@@ -13,6 +13,7 @@ The compiled programs are read for the products: two per group, not two per matr
 Tolerances: float32 rounding of a batched and an unbatched program.
 """
 
+import functools
 import re
 
 import jax
@@ -199,6 +200,21 @@ def test_lordo_trains_batched_as_per_matrix(monkeypatch):
   _close(train(), per_matrix, rtol=1e-5, atol=1e-6)
 
 
+def _group_params():
+  return {f"m{i}": _matrix((32, 16), i) for i in range(4)}
+
+
+def _group_tx():
+  return lordo_jax.scale_by_low_rank_adam(RANK, refresh_every=2, projection="subspace_iteration")
+
+
+@functools.cache
+def _unsharded_group_trajectory():
+  """3 steps of :func:`_group_tx` on the unsharded group, per matrix: the reference of
+  both axis types."""
+  return _trajectory(_group_tx(), _group_params(), steps=3)
+
+
 @pytest.mark.parametrize("explicit", [True, False], ids=["Explicit", "Auto"])
 def test_a_sharded_group_steps_batched_as_the_unsharded_per_matrix_step(explicit, monkeypatch):
   """Same-shape matrices split over an FSDP axis, batched: the updates and moments of
@@ -208,10 +224,10 @@ def test_a_sharded_group_steps_batched_as_the_unsharded_per_matrix_step(explicit
   however they are split; here split alike, as a model's layers are."""
   axis_type = AxisType.Explicit if explicit else AxisType.Auto
   mesh = jax.make_mesh((8,), ("fsdp",), axis_types=(axis_type,))
-  params = {f"m{i}": _matrix((32, 16), i) for i in range(4)}
+  params = _group_params()
   by_rows = {0, 1} if explicit else set()
   specs = {f"m{i}": P("fsdp", None) if i in by_rows else P(None, "fsdp") for i in range(4)}
-  tx = lordo_jax.scale_by_low_rank_adam(RANK, refresh_every=2, projection="subspace_iteration")
+  tx = _group_tx()
   set_mesh = getattr(jax, "set_mesh", None) or jax.sharding.use_mesh
 
   def sharded():
@@ -219,7 +235,7 @@ def test_a_sharded_group_steps_batched_as_the_unsharded_per_matrix_step(explicit
       split = {k: jax.device_put(x, NamedSharding(mesh, specs[k])) for k, x in params.items()}
       return _trajectory(tx, split, steps=3)
 
-  want, sharded_per_matrix = _trajectory(tx, params, steps=3), sharded()
+  want, sharded_per_matrix = _unsharded_group_trajectory(), sharded()
   monkeypatch.setattr(shape_groups, "FORCED_STEP_GROUPING", "batched")
   got = sharded()
   for (updates, state), (want_updates, want_state) in zip(got, want, strict=True):

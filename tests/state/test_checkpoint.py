@@ -147,7 +147,9 @@ def assert_trees_equal(actual, expected):
   ],
 )
 def straight(request, tmp_path_factory):
-  """N steps without a stop, checkpointing (asynchronously) after each k in RESUME_AFTER."""
+  """N steps without a stop, checkpointing (asynchronously) after each k in RESUME_AFTER;
+  and a second run built anew (a new optimizer, its own init and step: nothing shared
+  with the first) that each resume restores into."""
   directory = tmp_path_factory.mktemp(f"ckpt_{request.param}")
   run = Run(request.param)
   with checkpoint.Checkpointer(directory) as ckpt:
@@ -155,14 +157,13 @@ def straight(request, tmp_path_factory):
       run.step()
       if run.t in RESUME_AFTER.values():
         ckpt.save(run.t, run.params, run.state)
-  return request.param, directory, run
+  return request.param, directory, run, Run(request.param)
 
 
 @pytest.mark.parametrize("when", RESUME_AFTER)
 def test_resume_is_bit_identical(straight, when):
-  name, directory, reference = straight
+  name, directory, reference, resumed = straight
   k = RESUME_AFTER[when]
-  resumed = Run(name)  # a new optimizer, its own init and step: nothing shared
   params_like, state_like = resumed.fresh()
   resumed.params, resumed.state = checkpoint.restore(directory, k, params_like, state_like)
   resumed.t = k
