@@ -7,6 +7,7 @@ loop on a dict of arrays: bit for bit under ``jit``, to float32 rounding in eage
 The state readers take ``optimizer.opt_state`` as it is.
 """
 
+import functools
 import warnings
 
 import jax
@@ -22,6 +23,7 @@ from jax.sharding import PartitionSpec as P
 import lordo_jax
 
 STEPS = 5  # Two rounds of sync_every=2 and a step past the last sync.
+EAGER_STEPS = 3  # Op by op: the first update, a round of sync_every=2 and a step past it.
 INPUTS = jax.random.normal(jax.random.key(1), (8, 16))
 TARGETS = jax.random.normal(jax.random.key(2), (8, 4))
 
@@ -57,9 +59,12 @@ def nnx_loss(model, x=INPUTS, y=TARGETS):
   return jnp.mean((model(x) - y) ** 2)
 
 
-def plain_run(tx, steps=STEPS):
-  """The reference: ``tx`` in a jitted optax loop on the model's parameters as a dict;
-  the parameters and the state after ``steps``."""
+@functools.cache
+def plain_run(method):
+  """The reference: ``METHODS[method]`` in a jitted optax loop on the model's parameters
+  as a dict; the parameters and the state after ``STEPS``, and the parameters after
+  ``EAGER_STEPS``."""
+  tx = METHODS[method]()
   graphdef, params = nnx.split(MLP(nnx.Rngs(0)), nnx.Param)
 
   def loss(p):
@@ -72,13 +77,33 @@ def plain_run(tx, steps=STEPS):
 
   p = nnx.to_pure_dict(params)
   state = tx.init(p)
-  for _ in range(steps):
+  for t in range(STEPS):
     p, state = step(p, state)
-  return p, state
+    if t + 1 == EAGER_STEPS:
+      at_eager_steps = p
+  return p, state, at_eager_steps
 
 
-def plain_params_after(tx, steps=STEPS):
-  return plain_run(tx, steps)[0]
+def plain_params_after(method):
+  return plain_run(method)[0]
+
+
+@functools.cache
+def nnx_jit_run(method):
+  """``METHODS[method]`` in ``nnx.Optimizer``, ``STEPS`` steps under ``nnx.jit``; the
+  model, the optimizer and the number of traces of the step."""
+  model = MLP(nnx.Rngs(0))
+  optimizer = nnx.Optimizer(model, METHODS[method](), wrt=nnx.Param)
+  traces = []
+
+  @nnx.jit
+  def step(model, optimizer):
+    traces.append(1)  # Runs once per trace: each trace is a compilation.
+    optimizer.update(model, nnx.grad(nnx_loss)(model))
+
+  for _ in range(STEPS):
+    step(model, optimizer)
+  return model, optimizer, len(traces)
 
 
 def params_of(model):
@@ -92,39 +117,26 @@ def assert_trees_equal(a, b, atol=0.0):
 
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_nnx_optimizer_under_nnx_jit_equals_the_optax_loop_and_compiles_once(method):
-  model = MLP(nnx.Rngs(0))
-  optimizer = nnx.Optimizer(model, METHODS[method](), wrt=nnx.Param)
-  traces = []
-
-  @nnx.jit
-  def step(model, optimizer):
-    traces.append(1)  # Runs once per trace: each trace is a compilation.
-    optimizer.update(model, nnx.grad(nnx_loss)(model))
-
-  for _ in range(STEPS):
-    step(model, optimizer)
-  assert_trees_equal(params_of(model), plain_params_after(METHODS[method]()))
+  model, optimizer, traces = nnx_jit_run(method)
+  assert_trees_equal(params_of(model), plain_params_after(method))
   assert int(optimizer.step[...]) == STEPS
-  assert len(traces) == 1, "the state changed its structure or types after an update"
+  assert traces == 1, "the state changed its structure or types after an update"
 
 
 @pytest.mark.parametrize("method", ["lordo", "low_rank_ddp_projected"])
 def test_nnx_optimizer_eager_equals_the_optax_loop(method):
   model = MLP(nnx.Rngs(0))
   optimizer = nnx.Optimizer(model, METHODS[method](), wrt=nnx.Param)
-  for _ in range(STEPS):
+  for _ in range(EAGER_STEPS):
     optimizer.update(model, nnx.grad(nnx_loss)(model))
+  assert int(optimizer.step[...]) == EAGER_STEPS
   # Op by op against one fused program: equal to float32 rounding, not bit for bit.
-  assert_trees_equal(params_of(model), plain_params_after(METHODS[method]()), atol=1e-5)
+  assert_trees_equal(params_of(model), plain_run(method)[2], atol=1e-5)
 
 
 def test_state_readers_take_the_nnx_optimizers_state_as_it_is_and_give_plain_values():
-  model = MLP(nnx.Rngs(0))
-  optimizer = nnx.Optimizer(model, METHODS["lordo"](), wrt=nnx.Param)
-  step = nnx.jit(lambda model, optimizer: optimizer.update(model, nnx.grad(nnx_loss)(model)))
-  for _ in range(STEPS):
-    step(model, optimizer)
-  _, plain = plain_run(METHODS["lordo"]())
+  _, optimizer, _ = nnx_jit_run("lordo")
+  _, plain, _ = plain_run("lordo")
   state = optimizer.opt_state
   count = lordo_jax.step_count(state)
   assert isinstance(count, jax.Array) and count.dtype == jnp.int32 and int(count) == STEPS
@@ -156,7 +168,7 @@ def test_a_plain_loop_on_flax_variables_equals_the_loop_on_a_dict():
     updates, state = update(grad(params), state, params)
     assert jax.tree.structure(updates) == jax.tree.structure(params)
     params = optax.apply_updates(params, updates)
-  assert_trees_equal(nnx.to_pure_dict(params), plain_params_after(tx), atol=1e-5)
+  assert_trees_equal(nnx.to_pure_dict(params), plain_params_after("lordo"), atol=1e-5)
 
 
 def test_nnx_optimizer_split_merge_under_jax_jit_equals_the_optax_loop():
@@ -172,7 +184,7 @@ def test_nnx_optimizer_split_merge_under_jax_jit_equals_the_optax_loop():
   for _ in range(STEPS):
     state = step(state)
   model, _ = nnx.merge(graphdef, state)
-  assert_trees_equal(params_of(model), plain_params_after(METHODS["lordo"]()))
+  assert_trees_equal(params_of(model), plain_params_after("lordo"))
   # The state init gives is the state each update writes back: one program.
   assert step._cache_size() == 1
 
@@ -291,18 +303,9 @@ def test_a_state_of_another_structure_is_refused_with_a_clear_error():
 
 @pytest.mark.parametrize("method", ["lordo", "lordo_two_sided", "lordo_dct"])
 def test_projections_read_the_state_nnx_optimizer_keeps(method):
-  model = MLP(nnx.Rngs(0))
-  optimizer = nnx.Optimizer(model, METHODS[method](), wrt=nnx.Param)
-  for _ in range(2):
-    optimizer.update(model, nnx.grad(nnx_loss)(model))
+  _, optimizer, _ = nnx_jit_run(method)
   state = optimizer.opt_state  # As Flax keeps it, OptArray wrappers and all.
-  tx = METHODS[method]()
-  params = params_of(MLP(nnx.Rngs(0)))
-  plain = tx.init(params)
-  for _ in range(2):
-    updates, plain = tx.update(_plain_grads(params), plain, params)
-    params = optax.apply_updates(params, updates)
-  got, want = lordo_jax.projections(state), lordo_jax.projections(plain)
+  got, want = lordo_jax.projections(state), lordo_jax.projections(plain_run(method)[1])
   for layer in ("up", "down"):
     assert got[layer]["bias"] is None and want[layer]["bias"] is None
     pairs = zip(
@@ -310,11 +313,6 @@ def test_projections_read_the_state_nnx_optimizer_keeps(method):
     )
     for a, b in pairs:
       np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
-
-
-def _plain_grads(params):
-  graphdef, _ = nnx.split(MLP(nnx.Rngs(0)), nnx.Param)
-  return jax.grad(lambda p: nnx_loss(nnx.merge(graphdef, p)))(params)
 
 
 class Attention(nnx.Module):

@@ -39,25 +39,20 @@ def gradient(t: int, params=PARAMS, workers: int | None = None):
 
 METHODS = {
   "lordo": lambda axis: lordo_jax.lordo(1e-2, rank=4, sync_every=K, axis_name=axis),
-  "lordo_svd": lambda axis: lordo_jax.lordo(
-    1e-2, rank=4, sync_every=K, axis_name=axis, projection="svd"
-  ),
   "lordo_fragments": lambda axis: lordo_jax.lordo(
     1e-2, rank=4, sync_every=K, axis_name=axis, fragments=2
   ),
-  "lordo_fault_tolerant": lambda axis: lordo_jax.lordo(
-    1e-2, rank=4, sync_every=K, axis_name=axis, fault_tolerant=True
+  # Options that change the round, two to a run: the SVD's refresh with int8 messages;
+  # the fault-tolerant round as an optax user clips and tunes the rate (the phase passes
+  # through a chain and inject_hyperparams).
+  "lordo_svd_int8": lambda axis: lordo_jax.lordo(
+    1e-2, rank=4, sync_every=K, axis_name=axis, projection="svd", compression="int8"
   ),
-  "lordo_int8": lambda axis: lordo_jax.lordo(
-    1e-2, rank=4, sync_every=K, axis_name=axis, compression="int8"
-  ),
-  # As an optax user clips and tunes the rate: the phase passes through a chain and
-  # inject_hyperparams.
-  "lordo_chain_inject_hyperparams": lambda axis: optax.chain(
+  "lordo_fault_tolerant_chain_inject_hyperparams": lambda axis: optax.chain(
     optax.clip_by_global_norm(1.0),
-    optax.inject_hyperparams(lordo_jax.lordo, static_args=("rank", "sync_every", "axis_name"))(
-      learning_rate=1e-2, rank=4, sync_every=K, axis_name=axis
-    ),
+    optax.inject_hyperparams(
+      lordo_jax.lordo, static_args=("rank", "sync_every", "axis_name", "fault_tolerant")
+    )(learning_rate=1e-2, rank=4, sync_every=K, axis_name=axis, fault_tolerant=True),
   ),
   "local_adam": lambda axis: lordo_jax.local_adam(1e-2, sync_every=K, axis_name=axis),
   "diloco": lambda axis: lordo_jax.diloco(1e-2, sync_every=K, axis_name=axis),
@@ -85,13 +80,26 @@ def assert_identical(a, b, rtol=0.0, atol=0.0):
     np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=atol)
 
 
+@functools.cache
+def program_of(method: str):
+  """``METHODS[method]`` on one device and its step, jitted as a training loop runs it
+  (parameters and state donated, the phase static): one program per phase, shared by
+  the runs and the compiled HLO read below."""
+  tx = METHODS[method](None)
+  return tx, jax.jit(step_of(tx), donate_argnums=(0, 1), static_argnums=3)
+
+
+def fresh(tree):
+  """A copy of ``tree``'s arrays in buffers of their own, to donate."""
+  return jax.tree.map(lambda x: x.copy() if isinstance(x, jax.Array) else x, tree)
+
+
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_a_phased_run_is_the_one_program_run_to_float32_rounding(method):
-  tx = METHODS[method](None)
-  step = jax.jit(step_of(tx), static_argnums=3)
+  tx, step = program_of(method)
   runs = {}
   for phased in (False, True):
-    params, state = PARAMS, tx.init(PARAMS)
+    params, state = fresh(PARAMS), fresh(tx.init(PARAMS))
     phases = []
     for t in range(STEPS):
       fragments = FRAGMENTS.get(method, 1)
@@ -146,8 +154,8 @@ def test_a_phased_run_on_8_workers_under_shard_map_is_the_one_program_run():
   assert float(np.ptp(np.asarray(runs[True][0]["w"]), axis=0).max()) > 0
 
 
-def hlo_of(tx, phase) -> str:
-  step = jax.jit(step_of(tx), donate_argnums=(0, 1), static_argnums=3)
+def hlo_of(method, phase) -> str:
+  tx, step = program_of(method)
   return step.lower(PARAMS, tx.init(PARAMS), gradient(0), phase).compile().as_text()
 
 
@@ -162,8 +170,7 @@ def copied_elements(hlo: str) -> int:
 
 @pytest.mark.parametrize("method", ["lordo", "local_adam"])
 def test_the_local_program_holds_no_conditional_and_copies_no_state(method):
-  tx = METHODS[method](None)
-  local, whole = hlo_of(tx, "local"), hlo_of(tx, None)
+  local, whole = hlo_of(method, "local"), hlo_of(method, None)
   assert " conditional(" in whole and copied_elements(whole) > 0  # What the phase removes.
   assert " conditional(" not in local
   assert copied_elements(local) == 0
@@ -176,8 +183,7 @@ def test_the_boundary_program_holds_no_conditional_of_the_round(method):
   factorization fails). With fragments the program does not know whose round ends:
   each keeps its conditional. (What it saves on a GPU, the copies of the state through
   a branch, is read from the GPU program: tests/local/test_step_launches_target.py.)"""
-  tx = METHODS[method](None)
-  boundary, whole = hlo_of(tx, "boundary"), hlo_of(tx, None)
+  boundary, whole = hlo_of(method, "boundary"), hlo_of(method, None)
   count = lambda hlo: hlo.count(" conditional(")  # noqa: E731
   if method == "lordo_fragments":
     assert count(boundary) >= FRAGMENTS[method]
@@ -189,24 +195,29 @@ def test_the_boundary_program_holds_no_conditional_of_the_round(method):
 
 
 def test_a_program_run_at_an_update_of_another_phase_returns_nan_updates():
-  tx = METHODS["lordo"](None)
-  update = jax.jit(lambda g, s, p, phase: tx.update(g, s, p, round_phase=phase), static_argnums=3)
-  params, state = PARAMS, tx.init(PARAMS)
+  """Read from the parameters a step returns from finite ones (the run's programs)."""
+  tx, step = program_of("lordo")
+
+  def finite(params):
+    return all(bool(jnp.isfinite(p).all()) for p in jax.tree.leaves(params))
+
+  params, state = PARAMS, fresh(tx.init(PARAMS))
   # Update K (t = K - 1) ends a round: run as local there, and as a boundary at t = 1.
   phases = ["first", "boundary", "local", "local"]
   for t, phase in enumerate(phases):
-    updates, state = update(gradient(t), state, params, phase)
-    finite = all(bool(jnp.isfinite(u).all()) for u in jax.tree.leaves(updates))
-    assert finite == (t not in (1, K - 1)), t
-    params = optax.apply_updates(params, updates)
+    stepped, state = step(fresh(params), state, gradient(t), phase)
+    assert finite(stepped) == (t not in (1, K - 1)), t
+    params = stepped if finite(stepped) else params  # Go on from finite parameters.
   # The first update, run as local or as a boundary, is refused the same way (its
   # bases are due), also when K = 1 ends a round there.
   every_step = lordo_jax.lordo(1e-2, rank=4, sync_every=1, axis_name=None)
-  for refused, phase in [(tx, "local"), (tx, "boundary"), (every_step, "boundary")]:
-    updates, _ = jax.jit(functools.partial(refused.update, round_phase=phase))(
-      gradient(0), refused.init(PARAMS), PARAMS
-    )
-    assert all(bool(jnp.isnan(u).all()) for u in jax.tree.leaves(updates)), phase
+  every_step_update = jax.jit(functools.partial(every_step.update, round_phase="boundary"))
+  for stepped in [
+    step(fresh(PARAMS), fresh(tx.init(PARAMS)), gradient(0), "local")[0],
+    step(fresh(PARAMS), fresh(tx.init(PARAMS)), gradient(0), "boundary")[0],
+    every_step_update(gradient(0), every_step.init(PARAMS), PARAMS)[0],
+  ]:
+    assert all(bool(jnp.isnan(u).all()) for u in jax.tree.leaves(stepped))
 
 
 def test_round_phase_follows_fragments_and_a_period_function():

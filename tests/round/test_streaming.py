@@ -9,6 +9,7 @@ momentum per fragment, advanced only at that fragment's syncs, for DiLoCo. The t
 sent per round is unchanged; the largest message is one fragment's.
 """
 
+import functools
 import math
 import pathlib
 import subprocess
@@ -74,38 +75,50 @@ def _spread(stacked):
   return float(np.max(np.abs(stacked - stacked[0])))
 
 
-def _drive(build, on_sync):
-  """Runs ROUNDS rounds; at each fragment sync calls ``on_sync(f, local, synced)``."""
+def _drive(build):
+  """Runs ROUNDS rounds, checking at each step that the syncing fragments' leaves, and
+  only theirs, agree across workers; the run, the parameters after every step and,
+  for each fragment sync, ``(f, local, synced)``."""
   run = Run(build)
+  history, syncs = [], []
   for t, x in enumerate(batches(K * ROUNDS), start=1):
     batch = workers.shard(x, run.mesh)
     local = run.local(batch)
     synced = run.advance(batch)
+    history.append(synced)
     syncing = [f for f, o in enumerate(OFFSETS) if t % K == o]
     for name, value in synced.items():
       if FRAGMENT_OF[name] in syncing:
         np.testing.assert_allclose(value, np.broadcast_to(value[0], value.shape), atol=1e-6)
       else:
         assert _spread(value) > 1e-5, f"step {t}: {name} synced out of turn"
-    for f in syncing:
-      on_sync(f, local, synced)
-  return run
+    syncs.extend((f, local, synced) for f in syncing)
+  return run, history, syncs
 
 
-@pytest.mark.parametrize(
-  "build",
-  [
-    lambda k: lordo_jax.lordo(1e-2, rank=2, sync_every=k, fragments=F, axis_name=workers.AXIS),
-    lambda k: lordo_jax.local_adam(1e-2, sync_every=k, fragments=F, axis_name=workers.AXIS),
-  ],
-  ids=["lordo", "local_adam"],
-)
-def test_each_fragment_syncs_once_per_round_to_the_mean(build):
-  def check(f, local, synced):
+STREAMED = {
+  "lordo": lambda k: lordo_jax.lordo(
+    1e-2, rank=2, sync_every=k, fragments=F, axis_name=workers.AXIS
+  ),
+  "local_adam": lambda k: lordo_jax.local_adam(
+    1e-2, sync_every=k, fragments=F, axis_name=workers.AXIS
+  ),
+}
+
+
+@functools.cache
+def driven(method):
+  """``_drive`` of ``STREAMED[method]``, shared by the tests that read it."""
+  return _drive(STREAMED[method])
+
+
+@pytest.mark.parametrize("method", sorted(STREAMED))
+def test_each_fragment_syncs_once_per_round_to_the_mean(method):
+  run, _, syncs = driven(method)
+  assert len(syncs) == F * ROUNDS
+  for f, local, synced in syncs:
     for name in (n for n, g in FRAGMENT_OF.items() if g == f):
       np.testing.assert_allclose(synced[name][0], local[name].mean(axis=0), atol=1e-6)
-
-  run = _drive(build, check)
   syncs = jax.device_get(run.state.syncs)
   np.testing.assert_array_equal(syncs, np.full((M, F), ROUNDS))
 
@@ -114,20 +127,18 @@ def test_streamed_diloco_matches_a_numpy_reference_with_one_momentum_per_fragmen
   lr, momentum = 0.7, 0.9
   anchor = {n: np.asarray(v, np.float64) for n, v in PARAMS.items()}
   trace = {n: np.zeros_like(v) for n, v in anchor.items()}
-
-  def check(f, local, synced):
+  _, _, syncs = _drive(
+    lambda k: lordo_jax.diloco(
+      1e-2, sync_every=k, fragments=F, axis_name=workers.AXIS, outer_learning_rate=lr
+    )
+  )
+  assert len(syncs) == F * ROUNDS
+  for f, local, synced in syncs:
     for name in (n for n, g in FRAGMENT_OF.items() if g == f):
       delta = anchor[name] - local[name].astype(np.float64).mean(axis=0)
       trace[name] = delta + momentum * trace[name]
       anchor[name] = anchor[name] - lr * (delta + momentum * trace[name])  # Nesterov
       np.testing.assert_allclose(synced[name][0], anchor[name], atol=2e-6)
-
-  _drive(
-    lambda k: lordo_jax.diloco(
-      1e-2, sync_every=k, fragments=F, axis_name=workers.AXIS, outer_learning_rate=lr
-    ),
-    check,
-  )
 
 
 def _bytes_per_step(tx):
@@ -165,8 +176,9 @@ def test_streamed_state_has_one_outer_state_per_fragment():
 
 
 def test_pmap_streams_like_shard_map():
-  tx = lordo_jax.lordo(1e-2, rank=2, sync_every=K, fragments=F, axis_name=workers.AXIS)
-  history, _ = workers.run(tx, loss, PARAMS, batches(K), M)
+  """K steps under ``pmap`` equal the first K of the shard_map run above."""
+  tx = STREAMED["lordo"](K)
+  _, history, _ = driven("lordo")
 
   def local(params, state, x):
     grads = jax.grad(loss)(params, x)
@@ -175,10 +187,10 @@ def test_pmap_streams_like_shard_map():
 
   step = jax.pmap(local, axis_name=workers.AXIS)
   params, state = workers.stack(PARAMS, M), workers.stack(tx.init(PARAMS), M)
-  for x in batches(K):
+  for x in batches(K * ROUNDS)[:K]:
     params, state = step(params, state, x)
     jax.block_until_ready((params, state))
-  want = jax.device_get(history[-1][0])
+  want = history[K - 1]
   for name, value in jax.device_get(params).items():
     np.testing.assert_allclose(value, want[name], rtol=0, atol=1e-6, err_msg=name)
 
