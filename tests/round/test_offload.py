@@ -148,8 +148,8 @@ def test_offload_is_bit_identical_with_the_sync_state_in_host_memory(method):
 
 
 def test_offload_under_auto_axes():
-  params, state, _, _ = run_sharded("diloco", offload=False, axis_type=AxisType.Auto)
-  off_params, off_state, off_kinds, _ = run_sharded("diloco", True, axis_type=AxisType.Auto)
+  params, state, _, _ = run_sharded("lordo", offload=False, axis_type=AxisType.Auto)
+  off_params, off_state, off_kinds, _ = run_sharded("lordo", True, axis_type=AxisType.Auto)
   assert off_kinds == [{"pinned_host"}] * STEPS
   _assert_bit_identical((params, state), (off_params, off_state))
 
