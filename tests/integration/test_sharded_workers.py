@@ -1,7 +1,8 @@
 """Worker groups that shard their model: every method on a workers x FSDP (x TP) mesh.
 
-The worker step runs under ``jax.shard_map(..., axis_names={"workers"})``, manual
-over the worker axis only; inside a worker its parameters stay sharded over the
+The worker step (the gradient, then the optimizer's step on it: two programs, the
+first shared by every method) runs under ``jax.shard_map(..., axis_names={"workers"})``,
+manual over the worker axis only; inside a worker its parameters stay sharded over the
 ``fsdp`` (and ``tp``) axes, with ``Explicit`` axis types (``jax.make_mesh``'s default)
 and with ``Auto``. The result must be the 1-D run's (each worker's model whole on one
 device) to 1e-5 relative, and the ledgers equal: the method's collectives run over
@@ -103,6 +104,12 @@ BASIS_SPLIT_SPECS = {
   "bias": P(AXIS, "fsdp"),
 }
 TP_SPECS = {"up": P(AXIS, "fsdp", "tp"), "down": P(AXIS, "tp", "fsdp"), "bias": P(AXIS, "tp")}
+LAYOUTS = {
+  "whole": {name: P(AXIS) for name in sharded_mlp.params()},  # each worker on one device
+  "fsdp": FSDP_SPECS,
+  "basis_split": BASIS_SPLIT_SPECS,
+  "tp": TP_SPECS,
+}
 
 
 def _batches(workers: int):
@@ -120,35 +127,72 @@ def _one_worker(fn):
   return body
 
 
-def run(method: str, mesh, specs, host: bool = True):
-  """STEPS steps of ``method`` on ``mesh``; params placed by ``specs``.
-
-  The state is made by ``tx.init`` inside the same ``shard_map`` as the step, so
-  that it follows the parameters' shardings. Returns (params, state): params on the
-  host, or both as they lie on the devices (``host=False``).
-  """
-  tx = {**METHODS, **PRODUCTS_ONLY}[method]()
-  workers = mesh.shape[AXIS]
-  manual = functools.partial(
+def _manual(mesh):
+  return functools.partial(
     jax.shard_map, mesh=mesh, in_specs=P(AXIS), out_specs=P(AXIS), axis_names={AXIS}
   )
 
-  def step(params, state, batch):
-    grads = jax.grad(sharded_mlp.loss)(params, batch)
-    updates, state = tx.update(grads, state, params)
+
+@functools.cache
+def _gradient(mesh):
+  """The jitted gradient of every worker's loss: one program per mesh, for every method."""
+  return jax.jit(_manual(mesh)(_one_worker(jax.grad(sharded_mlp.loss))))
+
+
+@functools.cache
+def programs(method: str, mesh, layout: str):
+  """``method``'s jitted ``init`` and optimizer step on ``mesh``, params placed by
+  ``LAYOUTS[layout]``: ``step(grads, state, params)`` is ``update`` then
+  ``apply_updates``, the program whose compiled HLO
+  ``test_a_products_only_refresh_never_gathers_a_matrix`` reads (compiled once)."""
+  tx = {**METHODS, **PRODUCTS_ONLY}[method]()
+  return (
+    jax.jit(_manual(mesh)(_one_worker(tx.init))),
+    jax.jit(_manual(mesh)(_one_worker(_optimizer_step(tx)))),
+  )
+
+
+def _optimizer_step(tx, phase=None, optimizer: bool = True):
+  """``update`` on given gradients (at ``overlap_phase=phase``), then ``apply_updates``;
+  ``optimizer=False``: a step that returns its inputs."""
+  extra = {} if phase is None else {"overlap_phase": phase}
+
+  def step(grads, state, params):
+    if not optimizer:
+      return params, state
+    updates, state = tx.update(grads, state, params, **extra)
     return optax.apply_updates(params, updates), state
 
-  init = jax.jit(manual(_one_worker(tx.init)))
-  step = jax.jit(manual(_one_worker(step)))
-  params = jax.tree.map(
+  return step
+
+
+def _placed(mesh, specs):
+  """The initial params stacked over the mesh's workers, placed by ``specs``."""
+  workers = mesh.shape[AXIS]
+  return jax.tree.map(
     lambda a, spec: jax.device_put(jnp.stack([a] * workers), jax.NamedSharding(mesh, spec)),
     sharded_mlp.params(),
     specs,
   )
+
+
+def run(method: str, mesh, layout: str, host: bool = True):
+  """STEPS steps of ``method`` on ``mesh``; params placed by ``LAYOUTS[layout]``.
+
+  Each step is the gradient, placed like the params, then the optimizer's step
+  (:func:`programs`). The state is made by ``tx.init`` inside a ``shard_map`` like the
+  step's, so that it follows the parameters' shardings. Returns (params, state): params
+  on the host, or both as they lie on the devices (``host=False``).
+  """
+  specs = LAYOUTS[layout]
+  init, step = programs(method, mesh, layout)
+  params = _placed(mesh, specs)
   state = init(params)
-  for batch in _batches(workers):
+  shardings = jax.tree.map(lambda a: a.sharding, params)
+  for batch in _batches(mesh.shape[AXIS]):
     batch = jax.device_put(batch, jax.NamedSharding(mesh, P(AXIS)))
-    params, state = step(params, state, batch)
+    grads = jax.device_put(jax.block_until_ready(_gradient(mesh)(params, batch)), shardings)
+    params, state = step(grads, state, params)
     jax.block_until_ready((params, state))
   for name, spec in specs.items():  # Still sharded as placed (trailing Nones aside).
     placed = tuple(params[name].sharding.spec) + (None,) * params[name].ndim
@@ -161,7 +205,7 @@ def unsharded_run(method: str, workers: int):
   """The reference: each worker's model whole on one device. Returns the params on the
   host, the state as it lies on the devices, and the ledgers."""
   mesh = jax.make_mesh((workers,), (AXIS,), devices=jax.devices()[:workers])
-  params, state = run(method, mesh, {name: P(AXIS) for name in sharded_mlp.params()}, host=False)
+  params, state = run(method, mesh, "whole", host=False)
   ledgers = lordo_jax.communicated_bytes(state), lordo_jax.communicated_elements(state)
   return jax.device_get(params), state, *ledgers
 
@@ -170,12 +214,12 @@ def unsharded_run(method: str, workers: int):
 def fsdp_run(method: str, axis_type: AxisType = AxisType.Explicit):
   """``run`` on 4 workers x 2-way FSDP, both as they lie on the devices; the mesh."""
   mesh = jax.make_mesh((4, 2), (AXIS, "fsdp"), axis_types=(axis_type,) * 2)
-  return mesh, *run(method, mesh, FSDP_SPECS, host=False)
+  return mesh, *run(method, mesh, "fsdp", host=False)
 
 
-def _assert_same_run(method, mesh, specs, ran=None):
+def _assert_same_run(method, mesh, layout, ran=None):
   """``method`` on ``mesh`` (or its params and state ``ran`` there) against the reference."""
-  params, state = ran or run(method, mesh, specs)
+  params, state = ran or run(method, mesh, layout)
   params = jax.device_get(params)
   reference, _, nbytes, elements = unsharded_run(method, mesh.shape[AXIS])
   for name, initial in sharded_mlp.params().items():
@@ -204,7 +248,7 @@ AUTO_METHODS = ("lordo_svd", "lordo_int8", "lordo_overlap_fragments")
 )
 def test_four_workers_times_two_way_fsdp_match_the_unsharded_run(method, axis_type):
   mesh, params, state = fsdp_run(method, axis_type)
-  _assert_same_run(method, mesh, FSDP_SPECS, (params, state))
+  _assert_same_run(method, mesh, "fsdp", (params, state))
 
 
 @pytest.mark.parametrize(
@@ -220,7 +264,7 @@ def test_four_workers_times_two_way_fsdp_match_the_unsharded_run(method, axis_ty
 )
 def test_two_workers_times_fsdp_times_tensor_parallel_match_the_unsharded_run(method, axis_type):
   mesh = jax.make_mesh((2, 2, 2), (AXIS, "fsdp", "tp"), axis_types=(axis_type,) * 3)
-  _assert_same_run(method, mesh, TP_SPECS)
+  _assert_same_run(method, mesh, "tp")
 
 
 def _bytes_on(device, tree, keep=lambda path, leaf: True) -> int:
@@ -267,7 +311,7 @@ def test_the_state_of_a_sharded_parameter_is_sharded_like_it(method):
 def test_subspace_iteration_on_a_split_basis_dimension_matches_the_unsharded_run(method, axis_type):
   """The n x r factor stays split by rows: shifted Cholesky-QR instead of a gathered QR."""
   mesh = jax.make_mesh((4, 2), (AXIS, "fsdp"), axis_types=(axis_type,) * 2)
-  _assert_same_run(method, mesh, BASIS_SPLIT_SPECS)
+  _assert_same_run(method, mesh, "basis_split")
 
 
 def test_one_sided_randomized_svd_on_a_split_basis_dimension_matches_the_unsharded_run():
@@ -276,7 +320,7 @@ def test_one_sided_randomized_svd_on_a_split_basis_dimension_matches_the_unshard
   only: with ``Auto`` the program is the unsplit one (the compiler places the data),
   which the FSDP test runs."""
   mesh = jax.make_mesh((4, 2), (AXIS, "fsdp"))
-  _assert_same_run("lordo_one_sided_randomized_svd", mesh, BASIS_SPLIT_SPECS)
+  _assert_same_run("lordo_one_sided_randomized_svd", mesh, "basis_split")
 
 
 def full_matrix_gathers(hlo: str, shapes) -> list[str]:
@@ -295,49 +339,44 @@ def test_the_gather_finder_sees_a_gather():
   assert full_matrix_gathers(line, [(16, 24)]) and not full_matrix_gathers(line, [(8, 8)])
 
 
-def compiled_step(tx, mesh, specs, *, phase=None, optimizer: bool = True):
-  """The compiled HLO of one worker step of ``tx`` alone on ``mesh`` (``update`` on given
-  gradients at ``overlap_phase=phase``, then ``apply_updates``; ``optimizer=False``: a
-  step that returns its inputs, to see what the ``shard_map`` boundary itself adds),
+def compiled_step(step, init, mesh, specs):
+  """The compiled HLO of the jitted worker ``step`` (``(grads, state, params)``, the
+  gradients placed like the params) on ``mesh``, the state made by the jitted ``init``;
   and its entry parameters that hold the step's gradients and parameters."""
-  manual = functools.partial(
-    jax.shard_map, mesh=mesh, in_specs=P(AXIS), out_specs=P(AXIS), axis_names={AXIS}
-  )
-  extra = {} if phase is None else {"overlap_phase": phase}
-
-  def step(grads, state, params):
-    if not optimizer:
-      return params, state
-    updates, state = tx.update(grads, state, params, **extra)
-    return optax.apply_updates(params, updates), state
-
-  params = jax.tree.map(
-    lambda a, spec: jax.device_put(jnp.stack([a] * 4), jax.NamedSharding(mesh, spec)),
-    sharded_mlp.params(),
-    specs,
-  )
-  state = jax.jit(manual(_one_worker(tx.init)))(params)
-  text = jax.jit(manual(_one_worker(step))).lower(params, state, params).compile().as_text()
+  params = _placed(mesh, specs)
+  state = init(params)
+  text = step.lower(params, state, params).compile().as_text()
   n_params, n_state = len(jax.tree.leaves(params)), len(jax.tree.leaves(state))
   computed = set(range(n_params)) | set(range(n_params + n_state, 2 * n_params + n_state))
   return text, computed
 
 
-@pytest.mark.parametrize("specs", [FSDP_SPECS, BASIS_SPLIT_SPECS], ids=["fsdp", "basis_split"])
-def test_a_products_only_refresh_never_gathers_a_matrix(specs):
+def compiled_optimizer_step(tx, mesh, specs, *, phase=None, optimizer: bool = True):
+  """:func:`compiled_step` of ``tx`` alone on ``mesh`` (``update`` at
+  ``overlap_phase=phase``, then ``apply_updates``; ``optimizer=False``: a step that
+  returns its inputs, to see what the ``shard_map`` boundary itself adds)."""
+  step = jax.jit(_manual(mesh)(_one_worker(_optimizer_step(tx, phase, optimizer))))
+  return compiled_step(step, jax.jit(_manual(mesh)(_one_worker(tx.init))), mesh, specs)
+
+
+@pytest.mark.parametrize("layout", ["fsdp", "basis_split"])
+def test_a_products_only_refresh_never_gathers_a_matrix(layout):
   """The compiled optimizer step (local and sync branches) of subspace iteration and
   of the one- and two-sided randomized SVD adds no all-gather of a p x q matrix to
   those of a step that does nothing (JAX 0.10's partially manual ``shard_map``
   gathers every split input at its boundary; JAX 0.12 does not); the SVD refresh
-  does add some (the check can fail)."""
+  does add some (the check can fail). The programs are those the runs above train
+  with (:func:`programs`, compiled once), on ``Explicit`` axes."""
   mesh = jax.make_mesh((4, 2), (AXIS, "fsdp"))
   shapes = [a.shape for a in sharded_mlp.params().values() if a.ndim == 2]
 
-  def gathers(method, optimizer=True):
-    tx = {**METHODS, **PRODUCTS_ONLY}[method]()
-    return full_matrix_gathers(compiled_step(tx, mesh, specs, optimizer=optimizer)[0], shapes)
+  def gathers(method):
+    init, step = programs(method, mesh, layout)
+    return full_matrix_gathers(compiled_step(step, init, mesh, LAYOUTS[layout])[0], shapes)
 
-  boundary = gathers("ddp", optimizer=False)
+  boundary = full_matrix_gathers(
+    compiled_optimizer_step(METHODS["ddp"](), mesh, LAYOUTS[layout], optimizer=False)[0], shapes
+  )
   products = {
     method: gathers(method)
     for method in (
@@ -348,8 +387,8 @@ def test_a_products_only_refresh_never_gathers_a_matrix(specs):
   }
   svd = gathers("lordo_svd")
   assert len(boundary) < len(svd), (boundary, svd)
-  for method, gathers in products.items():
-    assert len(gathers) <= len(boundary), (method, gathers, boundary)
+  for method, found in products.items():
+    assert len(found) <= len(boundary), (method, found, boundary)
 
 
 @pytest.mark.parametrize(
@@ -398,11 +437,11 @@ def test_on_four_workers_times_fsdp_the_chunk_can_overlap_the_step(method, phase
   }[method]
   overlap = {"lordo_window": 2, "lordo_window_fragments": 2}.get(method, "round")
   mesh = jax.make_mesh((4, 2), (AXIS, "fsdp"), axis_types=(axis_type,) * 2)
-  text, computed = compiled_step(
+  text, computed = compiled_optimizer_step(
     build(axis_name=AXIS, overlap=overlap), mesh, FSDP_SPECS, phase=phase
   )
   # Over the worker axis only: the model's own collectives inside a group (its split
   # sums, the boundary's gathers) read this step's parameters, as in any FSDP step.
   assert hlo.overlappable(text, computed, groups=WORKER_GROUPS)
-  blocking, computed = compiled_step(build(axis_name=AXIS), mesh, FSDP_SPECS)
+  blocking, computed = compiled_optimizer_step(build(axis_name=AXIS), mesh, FSDP_SPECS)
   assert not hlo.overlappable(blocking, computed, groups=WORKER_GROUPS)
