@@ -56,30 +56,32 @@ from jax.experimental.compilation_cache import compilation_cache  # noqa: E402
 jax.config.update("jax_num_cpu_devices", 8)
 
 # Seconds per module, summed over its tests (``--junitxml`` of the whole suite alone on 2
-# cores, 2026-11-28, in an hour when this shared host ran about 27% slower than the hour
-# before); the rest follow in their usual order.
+# cores, a fresh clone, 2026-11-28 06:30); the rest follow in their usual order.
 SLOWEST_MODULES = (
-  "test_benchmarks_quality.py",  # 252
-  "test_sharded_workers.py",  # 173
-  "test_lm_fsdp.py",  # 77
-  "test_benchmarks_accelerator.py",  # 72
-  "test_lm_elastic.py",  # 71
-  "test_doc_pages.py",  # 68
-  "test_benchmarks_device_speed.py",  # 67
-  "test_benchmarks_elastic.py",  # 59
-  "test_overlap_compile.py",  # 54
-  "test_streaming.py",  # 53
-  "test_benchmarks_gpu_program.py",  # 53
-  "test_basis_batched.py",  # 53
-  "test_step_launches_target.py",  # 52
-  "test_examples.py",  # 48
-  "test_checkpoint.py",  # 48
-  "test_remap_workers.py",  # 43
-  "test_batched_step.py",  # 42
-  "test_flax.py",  # 42
-  "test_golden_runs.py",  # 42
-  "test_benchmarks_step_profile.py",  # 40
+  "test_benchmarks_quality.py",  # 184
+  "test_sharded_workers.py",  # 135
+  "test_lm_fsdp.py",  # 100
+  "test_benchmarks_device_speed.py",  # 92
+  "test_doc_pages.py",  # 90
+  "test_benchmarks_accelerator.py",  # 82
+  "test_benchmarks_elastic.py",  # 77
+  "test_lm_elastic.py",  # 72
+  "test_overlap_compile.py",  # 69
+  "test_benchmarks_gpu_program.py",  # 68
+  "test_basis_batched.py",  # 64
+  "test_flax.py",  # 58
+  "test_step_launches_target.py",  # 58
+  "test_examples.py",  # 56
+  "test_checkpoint.py",  # 56
+  "test_lm_warm_start.py",  # 52
+  "test_batched_step.py",  # 51
+  "test_benchmarks_step_profile.py",  # 50
+  "test_streaming.py",  # 48
+  "test_lm_resume.py",  # 46
+  "test_round_phase.py",  # 44
   "test_offload.py",  # 40
+  "test_benchmarks_speed.py",  # 40
+  "test_golden_runs.py",  # 40
 )
 
 

@@ -22,12 +22,16 @@ def test_ci_runs_the_readme_test_command():
   assert command in (ROOT / ".ci" / "run").read_text()
 
 
-def test_the_readme_builds_the_site_as_ci_does():
+def test_the_readme_builds_the_site_as_the_suite_does():
+  """The README's site command, with its options, is the build the suite checks
+  (``test_site.py``; CI runs the suite)."""
+  from tests.documentation import test_site
+
   command = re.search(r"# the documentation site.*\n(.*)\n", README).group(1)
   assert command == 'pip install -e ".[docs]" && sphinx-build -W -b html docs docs/_build/html'
+  assert {"-W", "-b", "html"} <= set(test_site.SPHINX_BUILD_OPTIONS)
   project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
   assert "docs" in project["optional-dependencies"]
-  assert "sphinx-build -W -q -b html docs docs/_build/html" in (ROOT / ".ci" / "run").read_text()
 
 
 def test_every_public_name_is_in_the_api_table():

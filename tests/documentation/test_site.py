@@ -34,6 +34,8 @@ pytestmark = pytest.mark.timeout(300, method="thread")
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
+# The README's sphinx-build options (warnings are errors), every warning reported, quietly.
+SPHINX_BUILD_OPTIONS = ("-W", "--keep-going", "-b", "html", "-q")
 EXTERNAL = re.compile(r"^(https?:)?//", re.I)
 
 
@@ -73,7 +75,7 @@ def parse(path: pathlib.Path) -> _Page:
 def site(tmp_path_factory) -> pathlib.Path:
   """The built site; the build's warnings fail it (``-W``), each one reported."""
   out = tmp_path_factory.mktemp("site")
-  command = [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-b", "html", "-q"]
+  command = [sys.executable, "-m", "sphinx", *SPHINX_BUILD_OPTIONS]
   build = subprocess.run(
     [*command, str(DOCS), str(out)], capture_output=True, text=True, cwd=ROOT, timeout=600
   )
