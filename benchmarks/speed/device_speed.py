@@ -2,6 +2,7 @@ r"""LoRDO's speed on the device JAX runs on: the optimizer step alone and the LM
 
     python benchmarks/speed/device_speed.py           # GPT-2 small's shapes; the LM at --lm
     python benchmarks/speed/device_speed.py --quick   # tiny shapes, the LM's tiny preset: 1-2 min
+                                                      # (the round-phase rows in the first dtype)
     PYTHONPATH=. python benchmarks/speed/device_speed.py --sections optimizer,lm \
       --dtypes float32,bfloat16 --out DIR       # on a GPU (jax, optax and flax suffice)
 
@@ -291,8 +292,11 @@ def offload_skipped() -> str | None:
   return f"offload skipped: {jax.devices()[0].device_kind} has no pinned_host memory space"
 
 
-def optimizers_of(rank: int, period: int, projections, without=()) -> dict[tuple, tuple]:
-  """(method, projection, offload) -> (transformation, kind of step t) of the section."""
+def optimizers_of(
+  rank: int, period: int, projections, without=(), phased=True
+) -> dict[tuple, tuple]:
+  """(method, projection, offload) -> (transformation, kind of step t) of the section;
+  :data:`PHASED` where ``phased``."""
   common = dict(axis_name=None, rank=rank, sync_every=period, weight_decay=WEIGHT_DECAY)
   common["low_rank_labels"] = table.no_embeddings  # The block matrices, as in the paper.
   out = {
@@ -307,7 +311,7 @@ def optimizers_of(rank: int, period: int, projections, without=()) -> dict[tuple
   for projection in projections:
     tx = lordo_jax.lordo(LEARNING_RATE, projection=projection, **common)
     out["lordo", projection, False] = (tx, lordo_kind(period))
-  if default_projection() in projections:
+  if phased and default_projection() in projections:
     tx = lordo_jax.lordo(LEARNING_RATE, **common)
     out[PHASED, default_projection(), False] = (tx, lordo_kind(period))
   if "galore" in without:
@@ -345,13 +349,13 @@ def optimizer_step(tx, params, grads, period: int, kind, phased: bool = False) -
   return Candidate(call, carry, compiled, seconds, period, kind)
 
 
-def optimizer_section(dtype: str, shapes, rank, period, projections, without=()):
+def optimizer_section(dtype: str, shapes, rank, period, projections, without=(), phased=True):
   """Every optimizer's step on ``shapes`` in ``dtype`` (gradients in it too)."""
   params = random_tree(shapes, dtype, 0.02, seed=0)
   grads = random_tree(shapes, dtype, 1.0, seed=1)
   return {
     key: optimizer_step(tx, params, grads, period, kind, phased=key[0] == PHASED)
-    for key, (tx, kind) in optimizers_of(rank, period, projections, without).items()
+    for key, (tx, kind) in optimizers_of(rank, period, projections, without, phased).items()
   }
 
 
@@ -419,9 +423,11 @@ def lm_config(name: str) -> model.ModelConfig:
   return GPT2_LM if name == "gpt2" else model.PRESETS[name]
 
 
-def lm_methods(projections) -> list[tuple[str, str | None]]:
-  """(method, projection) of the LM section."""
-  phased = [(PHASED, default_projection())] if default_projection() in projections else []
+def lm_methods(projections, phased=True) -> list[tuple[str, str | None]]:
+  """(method, projection) of the LM section; :data:`PHASED` where ``phased``."""
+  phased = (
+    [(PHASED, default_projection())] if phased and default_projection() in projections else []
+  )
   return [("ddp", None), ("low_rank_ddp", None)] + [("lordo", p) for p in projections] + phased
 
 
@@ -473,7 +479,7 @@ def lm_step(method, projection, config, apply, params, dataset, period: int) -> 
 
 
 def lm_section(
-  dtype: str, config: model.ModelConfig, period, projections
+  dtype: str, config: model.ModelConfig, period, projections, phased=True
 ) -> dict[tuple, Candidate]:
   """Every method's LM training step with ``dtype`` parameters."""
   apply, params = model.init(config, seed=0)
@@ -482,7 +488,7 @@ def lm_section(
   dataset = data.split(raw, num_workers=1, seq_len=config.seq_len, batch_size=LM_BATCH, name=name)
   return {
     (method, projection, False): lm_step(method, projection, config, apply, params, dataset, period)
-    for method, projection in lm_methods(projections)
+    for method, projection in lm_methods(projections, phased)
   }
 
 
@@ -529,11 +535,15 @@ def measure(section: str, dtype: str, args, settings: dict) -> tuple[list[dict],
   hung: every thread's traceback is printed and the process exits."""
   start = time.perf_counter()
   faulthandler.dump_traceback_later(WATCHDOG_S, exit=True)
+  phased = not args.quick or dtype == args.dtypes[0]  # Quick mode: in the first dtype only.
   if section == "lm":
-    candidates = lm_section(dtype, lm_config(args.lm), settings["period"], args.lordo_projections)
+    config = lm_config(args.lm)
+    candidates = lm_section(dtype, config, settings["period"], args.lordo_projections, phased)
   elif section == "optimizer":
     projections, without = args.lordo_projections, args.without
-    candidates = optimizer_section(dtype, **settings, projections=projections, without=without)
+    candidates = optimizer_section(
+      dtype, **settings, projections=projections, without=without, phased=phased
+    )
   else:
     candidates = refresh_section(dtype, **settings, projections=args.projections)
   compiled = time.perf_counter() - start
