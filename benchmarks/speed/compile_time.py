@@ -146,7 +146,12 @@ def instructions(hlo_text: str) -> dict[str, int]:
 
 
 def compiled_once(section: str, method: str, config: dict) -> dict:
-  """Seconds to trace, lower and compile ``method``'s ``section`` program, built anew."""
+  """Seconds to trace, lower and compile ``method``'s ``section`` program, built anew.
+
+  The program is never run (its arguments are abstract, :func:`stacked`): no collective
+  executes, so jaxlib 0.10's CPU deadlock of several multi-device executions in flight
+  at once cannot arise, and there is nothing to wait on with ``jax.block_until_ready``.
+  """
   jax.clear_caches()
   step, args = PROGRAMS[section](method, config)
   tic = time.perf_counter()
