@@ -16,6 +16,11 @@
   host-offloaded state. On jaxlib 0.10.2's CPU client, the LM job's FSDP + offload run
   aborted in 2 of 6 runs whose executables came from the cache (a collective
   rendezvous timed out: one device never arrived) and never without it.
+* Python's garbage collector, tuned for a process that holds JAX's caches of traced and
+  compiled programs: the objects alive after collection are frozen (``gc.freeze``: no
+  collection walks them again) and a young collection waits for 50,000 new objects, not
+  700. Cycles are still collected; on two modules (136 tests) this took the collector's
+  share of the process's CPU from 4.2 s of 73 to 0.9 s, with the same peak memory.
 * The slowest modules first. ``pytest -n auto --dist loadfile --no-loadscope-reorder``
   (``pyproject.toml``) hands the modules to the workers in collection order, so the
   longest start at once and the short ones fill in around them; a long module handed
@@ -23,6 +28,7 @@
 """
 
 import atexit
+import gc
 import os
 import shutil
 import tempfile
@@ -83,6 +89,16 @@ SLOWEST_MODULES = (
   "test_benchmarks_speed.py",  # 40
   "test_golden_runs.py",  # 40
 )
+
+
+# Thresholds of the young, middle and old generations (Python's are 700, 10, 10).
+gc.set_threshold(50_000, 20, 20)
+
+
+def pytest_collection_finish(session):
+  """Freezes what the imports and the collection made: they live as long as the process."""
+  gc.collect()
+  gc.freeze()
 
 
 def pytest_collection_modifyitems(items):
