@@ -1,7 +1,7 @@
 r"""Whole training-step time of LoRDO against DDP-AdamW on the example LM (CPU).
 
     python benchmarks/speed/step_overhead.py           # the tiny and small presets
-    python benchmarks/speed/step_overhead.py --quick   # tiny preset, 3 rounds: under a minute
+    python benchmarks/speed/step_overhead.py --quick   # tiny preset, 2 rounds: under a minute
 
 What is timed: the jitted training step of ``examples/lm`` (``train.make_step``:
 forward, backward, ``tx.update``, ``optax.apply_updates`` under ``jax.shard_map``,
@@ -67,7 +67,7 @@ WORKERS = 8
 BATCH = 8  # Windows per worker per step.
 LEARNING_RATE = 2e-3
 FULL = dict(presets=("tiny", "small"), repeats=6)
-QUICK = dict(presets=("tiny",), repeats=3)
+QUICK = dict(presets=("tiny",), repeats=2)
 
 
 def kind_of(method: str):
@@ -163,7 +163,7 @@ def markdown(rows: list[dict]) -> list[str]:
 
 
 def main(argv=None) -> int:
-  args = studies.parse_args(__doc__, "the tiny preset only, 3 rounds (under a minute)", argv)
+  args = studies.parse_args(__doc__, "the tiny preset only, 2 rounds (under a minute)", argv)
   settings = QUICK if args.quick else FULL
   start = time.perf_counter()
   rows = measure(**settings)

@@ -1,7 +1,7 @@
 r"""Speed of one optimizer step on CPU: LoRDO against AdamW, GaLore and its own floor.
 
     python benchmarks/speed/step_speed.py           # 768 x 768 and 768 x 3072, r = 64 and 128
-    python benchmarks/speed/step_speed.py --quick   # 768 x 768, r = 64, 3 rounds: under a minute
+    python benchmarks/speed/step_speed.py --quick   # 768 x 768, r = 64, 2 rounds: under a minute
 
 What is timed, for each GPT-2 small layer shape (768 x 768, the attention output
 projection, projected on the left; 768 x 3072, the MLP's first matrix, projected on
@@ -86,7 +86,7 @@ K = 16  # LoRDO's sync_every and GaLore's update_proj_gap.
 LEARNING_RATE = 1e-3
 WEIGHT_DECAY = 1e-4  # optax.adamw's default, given to all three optimizers.
 FULL_REPEATS = 9
-QUICK = dict(shapes=SHAPES[:1], ranks=RANKS[:1], repeats=3)
+QUICK = dict(shapes=SHAPES[:1], ranks=RANKS[:1], repeats=2)
 GOAL_FLOOR = 1.2
 
 
@@ -288,7 +288,7 @@ def markdown(rows: list[dict]) -> list[str]:
 
 
 def main(argv=None) -> int:
-  args = studies.parse_args(__doc__, "768 x 768 at r = 64 only, 3 rounds (under a minute)", argv)
+  args = studies.parse_args(__doc__, "768 x 768 at r = 64 only, 2 rounds (under a minute)", argv)
   settings = QUICK if args.quick else dict(shapes=SHAPES, ranks=RANKS, repeats=FULL_REPEATS)
   start = time.perf_counter()
   rows = measure(**settings)
