@@ -6,18 +6,17 @@ one seed twice, with float32 parameters and with bfloat16 ones
 validation losses. Its full mode (128 steps of 32 windows per worker, seeds 0 to 3)
 measures the claim of issue 5, acceptance 5: bfloat16 ends within 2% of float32; the
 result is in BENCHMARKS.md ("bfloat16 parameters against float32"). Here its ``--quick``
-mode (48 steps of 4 windows, seed 0) checks the wiring: the bfloat16 run's checkpoint
+mode (48 steps of 4 windows, seed 0), run through its ``main`` in this process (as the
+command would, without a second JAX start), checks the wiring: the bfloat16 run's checkpoint
 holds bfloat16 parameters and anchor with float32 moments and bases, the float32 run's
 float32 parameters; both runs learn (finite, below the text's unigram entropy, computed
 here from the text); the reported gap is the one the two runs' losses give.
 """
 
+import contextlib
+import io
 import json
 import math
-import os
-import pathlib
-import subprocess
-import sys
 
 import pytest
 
@@ -25,22 +24,15 @@ from tests.helpers.lm_example import data
 
 pytestmark = pytest.mark.timeout(1200, method="thread")  # ends a hang, not a busy host's run
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
+  """``precision.py --quick --out OUT``: what it wrote, its .json (read) and its .md."""
+  from benchmarks.quality import precision  # Its 8 simulated devices: the suite's too.
+
   out = tmp_path_factory.mktemp("precision")
-  env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-  proc = subprocess.run(
-    [sys.executable, "benchmarks/quality/precision.py", "--quick", "--out", str(out)],
-    capture_output=True,
-    text=True,
-    timeout=1100,
-    env=env,
-    cwd=ROOT,
-  )
-  assert proc.returncode == 0, proc.stderr[-3000:]
+  with contextlib.redirect_stdout(io.StringIO()):
+    assert precision.main(["--quick", "--out", str(out)]) == 0
   return json.loads((out / "precision.json").read_text()), (out / "precision.md").read_text()
 
 

@@ -1,16 +1,20 @@
 """The LM example's checkpoints: a stopped and resumed run is the run that never stopped.
 
-For LoRDO and DiLoCo, the tiny LM is trained N steps straight, and again through
-``examples/main.py`` (in this process) with a stop after k steps (mid-round) followed
-by a second call that rebuilds everything (model, optimizer, mesh, jitted step, data
-generators) and restores the checkpoint. The final parameters and optimizer states,
+For DiLoCo, the tiny LM is trained N steps straight, saving after k steps (mid-round)
+too; that checkpoint alone, as if the run had stopped there, is resumed through
+``examples/main.py`` (in this process) by a call that rebuilds everything (model,
+optimizer, mesh, jitted step, data generators) and restores it. (A stop by
+``--stop-after`` through ``examples/main.py``, the curve it saves carried on by its
+resume, is checked in ``test_lm_elastic.py``.) The final parameters and optimizer states,
 read back from each run's last checkpoint, must be bit-identical, and so must the
-curves. Then resumes that cannot work stopping with one line that says what to change.
+curves. Then resumes that cannot work (of that checkpoint) stopping with one line that
+says what to change. (LoRDO's mid-round stop and resume, bit-identical, its bases,
+ledger, moments and anchor included, is checked sharded and offloaded in
+``test_lm_fsdp.py``, and after a change of workers in ``test_lm_elastic.py``.)
 """
 
 import dataclasses
 import pathlib
-import shutil
 
 import jax
 import numpy as np
@@ -56,21 +60,17 @@ def assert_trees_equal(actual, expected):
 
 
 def stop_and_resume(method: str, root: pathlib.Path, dataset) -> dict:
-  """``method`` trained N steps straight (``train``), and through ``examples/main.py``
-  (in this process) stopped after STOP, then resumed to N: the results, and a copy of
-  the stopped run's checkpoint directory."""
-  config = dataclasses.replace(CONFIG, checkpoint_dir=str(root / "straight"))
+  """``method`` trained N steps straight (``train``), saving at STOP too; its checkpoint
+  of STOP alone (``copy_checkpoint``: the run as if stopped after STOP, kept as
+  ``stopped``) resumed to N through ``examples/main.py`` (in this process): the
+  results."""
+  config = dataclasses.replace(CONFIG, checkpoint_dir=str(root / "straight"), checkpoint_every=STOP)
   straight = train.train(method, config, PRESET, dataset, progress=False)
+  for copy in (method, "stopped"):
+    lm_example.copy_checkpoint(root / "straight", root / copy, STOP)
   argv = [*lm_example.main_args(CONFIG), "--methods", method, "--checkpoint-dir", str(root)]
-  _, _, (stopped,) = lm_example.run_main([*argv, "--stop-after", str(STOP), "--out", str(root)])
-  shutil.copytree(root / method, root / "stopped")
   _, written, (resumed,) = lm_example.run_main([*argv, "--resume", "--out", str(root)])
-  return {"straight": straight, "stopped": stopped, "resumed": resumed, "written": written}
-
-
-@pytest.fixture(scope="module")
-def lordo_runs(dataset, tmp_path_factory):
-  return stop_and_resume("lordo", tmp_path_factory.mktemp("lordo"), dataset)
+  return {"straight": straight, "resumed": resumed, "written": written}
 
 
 @pytest.fixture(scope="module")
@@ -78,12 +78,10 @@ def diloco_runs(dataset, tmp_path_factory):
   return stop_and_resume("diloco", tmp_path_factory.mktemp("diloco"), dataset)
 
 
-@pytest.mark.parametrize("method", ["lordo", "diloco"])
-def test_stop_and_resume_is_bit_identical(method, request):
-  runs = request.getfixturevalue(f"{method}_runs")
-  straight, stopped, resumed = runs["straight"], runs["stopped"], runs["resumed"]
+def test_stop_and_resume_is_bit_identical(diloco_runs):
+  method, runs = "diloco", diloco_runs
+  straight, resumed = runs["straight"], runs["resumed"]
   root = pathlib.Path(runs["written"]["args"]["checkpoint_dir"])
-  assert len(stopped.train_loss) == STOP
   assert checkpoints.latest_step(root / "stopped") == STOP
   assert resumed.resumed_from == STOP
 
@@ -91,9 +89,8 @@ def test_stop_and_resume_is_bit_identical(method, request):
   resumed_params, resumed_state = final_trees(method, root / method)
   assert_trees_equal(resumed_params, params)
   assert_trees_equal(resumed_state, state)
-  # The curves continue the stopped run's, and equal the straight run's.
+  # The curves continue the saved ones, and equal the straight run's.
   assert resumed.train_loss == straight.train_loss
-  assert resumed.train_loss[:STOP] == stopped.train_loss
   assert resumed.bytes_sent == straight.bytes_sent
   assert [(e["step"], e["val_loss"]) for e in resumed.evals] == [
     (e["step"], e["val_loss"]) for e in straight.evals
@@ -117,23 +114,27 @@ def test_the_data_position_round_trips(dataset):
 
 
 @pytest.fixture(scope="module")
-def lordo_checkpoint(lordo_runs):
-  """The LoRDO run of CONFIG stopped after STOP steps: (a copy of) its checkpoint directory."""
-  return pathlib.Path(lordo_runs["written"]["args"]["checkpoint_dir"]) / "stopped"
+def stopped_checkpoint(diloco_runs):
+  """The DiLoCo run of CONFIG as if stopped after STOP steps: (a copy of) its checkpoint
+  of STOP, alone. (Every setting of ``checkpoints.OPTIONS`` is compared whatever the
+  method: its rank too.)"""
+  return pathlib.Path(diloco_runs["written"]["args"]["checkpoint_dir"]) / "stopped"
 
 
 RESUME_ERRORS = {
-  "another_method": ("diloco", {}, "is a lordo run, not diloco; resume it with --methods lordo"),
-  "another_rank": ("lordo", {"rank": 2}, "with --rank 4, this run has --rank 2; use --rank 4"),
-  "another_dtype": ("lordo", {"param_dtype": "bfloat16"}, "use --param-dtype float32"),
-  "another_seed": ("lordo", {"seed": 1}, "use --seed 0"),
+  "another_method": ("lordo", {}, "is a diloco run, not lordo; resume it with --methods diloco"),
+  "another_rank": ("diloco", {"rank": 2}, "with --rank 4, this run has --rank 2; use --rank 4"),
+  "another_dtype": ("diloco", {"param_dtype": "bfloat16"}, "use --param-dtype float32"),
+  "another_seed": ("diloco", {"seed": 1}, "use --seed 0"),
 }  # fmt: skip
 
 
 @pytest.mark.parametrize("case", RESUME_ERRORS)
-def test_a_checkpoint_of_other_settings_says_what_to_change(case, lordo_checkpoint, dataset):
+def test_a_checkpoint_of_other_settings_says_what_to_change(case, stopped_checkpoint, dataset):
   method, changes, expected = RESUME_ERRORS[case]
-  config = dataclasses.replace(CONFIG, checkpoint_dir=str(lordo_checkpoint), resume=True, **changes)
+  config = dataclasses.replace(
+    CONFIG, checkpoint_dir=str(stopped_checkpoint), resume=True, **changes
+  )
   with pytest.raises(checkpoints.ResumeError) as error:
     train.train(method, config, PRESET, dataset, progress=False)
   message = str(error.value)
@@ -142,15 +143,15 @@ def test_a_checkpoint_of_other_settings_says_what_to_change(case, lordo_checkpoi
   assert "or another --checkpoint-dir to start afresh" in message
 
 
-def test_resume_without_a_checkpoint_and_start_over_one(lordo_checkpoint, dataset, tmp_path):
+def test_resume_without_a_checkpoint_and_start_over_one(stopped_checkpoint, dataset, tmp_path):
   empty = dataclasses.replace(CONFIG, checkpoint_dir=str(tmp_path / "none"), resume=True)
   with pytest.raises(checkpoints.ResumeError, match=r"^--resume: no checkpoint in .*none; train"):
     train.train("lordo", empty, PRESET, dataset, progress=False)
   assert not (tmp_path / "none").exists()
-  fresh = dataclasses.replace(CONFIG, checkpoint_dir=str(lordo_checkpoint))
+  fresh = dataclasses.replace(CONFIG, checkpoint_dir=str(stopped_checkpoint))
   held = rf"already holds a checkpoint \(step {STOP}\); add"
   with pytest.raises(checkpoints.ResumeError, match=held):
-    train.train("lordo", fresh, PRESET, dataset, progress=False)
+    train.train("diloco", fresh, PRESET, dataset, progress=False)
 
 
 def test_a_checkpoint_from_elsewhere_is_refused(dataset, tmp_path):
@@ -162,14 +163,14 @@ def test_a_checkpoint_from_elsewhere_is_refused(dataset, tmp_path):
     train.train("lordo", config, PRESET, dataset, progress=False)
 
 
-def test_main_stops_resumes_and_rejects_what_cannot_resume(lordo_runs, tmp_path, capsys):
-  """The stop and the resume through ``examples/main.py`` (the LoRDO runs above); the
-  resumes that cannot work, which stop before training (exit status, stderr)."""
-  ckpt = lordo_runs["written"]["args"]["checkpoint_dir"]
+def test_main_resumes_and_rejects_what_cannot_resume(diloco_runs, tmp_path, capsys):
+  """The resume through ``examples/main.py`` (the DiLoCo runs above); the resumes that
+  cannot work, which stop before training (exit status, stderr)."""
+  ckpt = diloco_runs["written"]["args"]["checkpoint_dir"]
   bad = {
-    "--rank 4": ["--methods", "lordo", "--resume", "--rank", "2"],
-    "--methods lordo": ["--methods", "diloco", "--resume"],
-    "add --resume": ["--methods", "lordo"],
+    "--rank 4": ["--methods", "diloco", "--resume", "--rank", "2"],
+    "--methods diloco": ["--methods", "lordo", "--resume"],
+    "add --resume": ["--methods", "diloco"],
   }
   for expected, args in bad.items():
     capsys.readouterr()
@@ -178,7 +179,7 @@ def test_main_stops_resumes_and_rejects_what_cannot_resume(lordo_runs, tmp_path,
     lines = stderr_lib.error_lines(capsys.readouterr().err)
     assert len(lines) == 1 and expected in lines[0], (expected, lines)
   assert not (tmp_path / "x").exists()
-  (result,) = lordo_runs["written"]["results"]
+  (result,) = diloco_runs["written"]["results"]
   assert result["resumed_from"] == STOP
   assert len(result["train_loss"]) == N
   assert [e["step"] for e in result["evals"]] == [0, 8, 16, 24]

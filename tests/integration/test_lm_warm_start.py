@@ -9,8 +9,9 @@ tiny model with 4 simulated workers:
 * right after the switch, the LoRDO state built by the training loop holds exactly the
   checkpoint's bases, moments and error buffers, the same on every worker, its anchor
   is the checkpoint's parameters, and the data position is the checkpoint's;
-* a LoRDO run warm-started at S reports the source run's validation loss at S, and its
-  first training loss is the source's at S + 1 (same parameters, same batch);
+* a LoRDO run warm-started at S (by the main command) reports the source run's
+  validation loss at S, and its first training loss is the source's at S + 1 (same
+  parameters, same batch);
 * low-rank DDP warm-started from its own checkpoint continues that run bit for bit:
   nothing of its state (moments, counters, the schedule's count) is lost;
 * a checkpoint of another rank is refused with a message naming the setting;
@@ -20,11 +21,8 @@ tiny model with 4 simulated workers:
 """
 
 import dataclasses
-import json
-import os
+import importlib
 import pathlib
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -35,20 +33,21 @@ from jax.sharding import PartitionSpec as P
 
 import lordo_jax
 from tests.helpers import lm_example
-from tests.helpers.lm_example import EXAMPLES
 from tests.helpers.lm_example import PRESET
 from tests.helpers.lm_example import checkpoints
 from tests.helpers.lm_example import model
 from tests.helpers.lm_example import train
 from tests.helpers.lm_example import warm_start
 
-pytestmark = pytest.mark.timeout(300, method="thread")
+tuned = importlib.import_module("lm.tuned")  # The package lm_example imported.
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.timeout(300, method="thread")
 
 M, N, S, K = 4, 16, 8, 4  # workers, steps, warm-start step, sync_every
 DDP_OPTIONS = (("error_feedback", True), ("transport", "rotate"))  # FIDELITY.md point 22
-CONFIG = lm_example.short_run(M, N, K, eval_every=S)
+# At the tuned rate of both methods (examples/lm/tuned.py), the main command's when no
+# --lr is given: its runs are this module's, their programs compiled once.
+CONFIG = dataclasses.replace(lm_example.short_run(M, N, K, eval_every=S), learning_rate=1.25e-2)
 
 
 def assert_trees_equal(a, b):
@@ -137,11 +136,29 @@ def test_lordo_state_right_after_the_switch(source_run, dataset, moments):
   assert int(np.asarray(state.count)[0]) == 0 and lordo_jax.communicated_bytes(state) == 0
 
 
-def test_lordo_warm_started_continues_from_the_switch(source_run, dataset):
-  straight = source_run[1]
-  config = warm_config(source_run, optimizer_options=(("omega", 0.97), ("error_feedback", True)))
-  result = train.train("lordo", config, PRESET, dataset, progress=False)
-  assert result.warm_start_step == S and result.resumed_from == 0
+@pytest.fixture(scope="module")
+def main_run(source_run, tmp_path_factory):
+  """The main command (``main.main``, in this process) on this module's settings, at
+  the methods' tuned rate, LoRDO warm-started after S steps of low-rank DDP: its
+  arguments, its standard output, its results.json and its LoRDO result."""
+  assert CONFIG.learning_rate == tuned.TUNED_LEARNING_RATES["low_rank_ddp"]
+  assert CONFIG.learning_rate == tuned.TUNED_LEARNING_RATES["lordo"]
+  out = tmp_path_factory.mktemp("main")
+  argv = lm_example.main_args(CONFIG)
+  at = argv.index("--lr")
+  args = [*argv[:at], *argv[at + 2 :], "--methods", "lordo", "--warm-start-steps", str(S)]
+  args += ["--option", "warm_start.error_feedback=true", "--option", "warm_start.transport=rotate"]
+  args += ["--option", "lordo.error_feedback=true", "--option", "lordo.omega=0.97"]
+  args += ["--out", str(out)]
+  stdout, saved, (result,) = lm_example.run_main(args)
+  return args, stdout, saved, result
+
+
+def test_lordo_warm_started_continues_from_the_switch(source_run, main_run):
+  """LoRDO (omega 0.97, error feedback) warm-started at S by the main command, whose
+  shared phase is the source run's first S steps (checked below)."""
+  straight, result = source_run[1], main_run[3]
+  assert result.method == "lordo" and result.warm_start_step == S and result.resumed_from == 0
   assert len(result.train_loss) == N - S
   assert result.evals[0]["step"] == S and result.evals[-1]["step"] == N
   at_s = next(e for e in straight.evals if e["step"] == S)
@@ -170,35 +187,22 @@ def test_warm_start_refuses_another_rank(source_run, dataset):
     train.train("lordo", other, PRESET, dataset, progress=False)
 
 
-def test_main_command_starts_every_method_from_the_shared_phase(tmp_path, capsys):
-  """The command end to end in a process; its refusal to reuse the shared phase under
-  other settings, which stops before training, through ``main.main`` in this one."""
-  env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-  args = [
-    "--preset", "tiny", "--methods", "lordo", "--workers", "4", "--steps", "12",
-    "--sync-every", "3", "--rank", "4", "--eval-every", "6", "--eval-windows", "8",
-    "--warm-start-steps", "6", "--option", "warm_start.error_feedback=true",
-    "--option", "lordo.error_feedback=true", "--option", "lordo.omega=0.97",
-    "--out", str(tmp_path), "--no-progress",
-  ]  # fmt: skip
-  proc = subprocess.run(
-    [sys.executable, str(EXAMPLES / "main.py"), *args],
-    capture_output=True,
-    text=True,
-    timeout=240,
-    env=env,
-  )
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  assert "warm start: low_rank_ddp steps 1-6" in proc.stdout
-  saved = json.loads((tmp_path / "results.json").read_text())
+def test_main_command_starts_every_method_from_the_shared_phase(source_run, main_run, capsys):
+  """The command end to end (the fixture's run): its shared phase is the source run's
+  first S steps; its refusal to reuse the shared phase under other settings, which
+  stops before training."""
+  args, stdout, saved, _ = main_run
+  out = pathlib.Path(args[args.index("--out") + 1])
+  assert f"warm start: low_rank_ddp steps 1-{S}" in stdout
   warm = saved["warm_start"]
-  assert warm["method"] == "low_rank_ddp" and warm["evals"][-1]["step"] == 6
-  assert checkpoints.latest_step(tmp_path / "warm_start" / "low_rank_ddp") == 6
+  assert warm["method"] == "low_rank_ddp" and warm["evals"][-1]["step"] == S
+  assert warm["train_loss"] == source_run[1].train_loss[:S]  # The same run, to step S.
+  assert checkpoints.latest_step(out / "warm_start" / "low_rank_ddp") == S
   assert [r["method"] for r in saved["results"]] == ["lordo"]
   for result in saved["results"]:
-    assert result["evals"][0]["step"] == 6
+    assert result["evals"][0]["step"] == S
     assert result["evals"][0]["val_loss"] == warm["final_val_loss"]
-    assert result["evals"][-1]["step"] == 12
+    assert result["evals"][-1]["step"] == N
   # The shared phase kept there is reused only under the same settings.
   capsys.readouterr()
   assert lm_example.main.main([*args, "--lr", "0.02"]) == 2
