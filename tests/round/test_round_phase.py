@@ -24,7 +24,14 @@ pytestmark = pytest.mark.timeout(300)
 
 K = 4
 STEPS = 13
-PARAMS = {"w": jnp.full((16, 12), 0.1), "b": jnp.zeros((12,)), "v": jnp.full((12, 16), 0.2)}
+# Float32 by name, not weakly typed as ``jnp.full``'s Python float makes them: a step's
+# outputs are not, so weak parameters would compile each program twice (at the first
+# update and after it), and the HLO read below would be a program the runs never ran.
+PARAMS = {
+  "w": jnp.full((16, 12), 0.1, jnp.float32),
+  "b": jnp.zeros((12,), jnp.float32),
+  "v": jnp.full((12, 16), 0.2, jnp.float32),
+}
 
 
 def gradient(t: int, params=PARAMS, workers: int | None = None):
