@@ -112,9 +112,9 @@ def test_restores_into_an_abstract_target_on_an_abstract_mesh(saved):
 
   An optimizer updated with arrays restored into abstract targets is traced by
   ``nnx.jit`` into another program than the uninterrupted run's (the same values, avals
-  and shardings: measured), and XLA may fuse it otherwise: on one CPU 2 of 128
-  elements of an error buffer came out 7.5e-9 apart after the round. The restore itself
-  is compared bit for bit; the run after it at float32's rounding (rtol 1e-6).
+  and shardings: measured), and XLA fuses it otherwise, by the CPU it compiles for. The
+  restore itself is compared bit for bit; the run after it leaf by leaf within
+  :data:`ROUNDING` of the leaf's largest magnitude (:func:`assert_close`).
   """
   directory, _, model_ref, optimizer_ref, whole_at_save = saved
   model, optimizer = build()
@@ -134,11 +134,23 @@ def test_restores_into_an_abstract_target_on_an_abstract_mesh(saved):
   assert_close(nnx.state(optimizer), optimizer_ref)
 
 
+# Two programs of the same arithmetic, fused differently, two steps and a round's refresh
+# after the restore: each leaf within 1e-5 of its largest magnitude (about 80 float32
+# ulps). Elementwise relative error is no measure here: a refreshed basis is computed from
+# the round's mean, and its small entries carry the rounding of its large ones. Seen: an
+# error buffer's 2 of 128 elements 7.5e-9 apart on one CPU; on another a basis's 2 of 32
+# entries 1.9e-7 apart (4.5e-6 of the entry, 6e-7 of the basis's largest).
+ROUNDING = 1e-5
+
+
 def assert_close(a, b):
+  """Each leaf of ``a`` within :data:`ROUNDING` of ``b``'s largest magnitude (normwise)."""
   leaves_a, leaves_b = by_path(a), by_path(b)
   assert leaves_a.keys() == leaves_b.keys()
   for path, x in leaves_a.items():
-    np.testing.assert_allclose(np.asarray(x), np.asarray(leaves_b[path]), rtol=1e-6, err_msg=path)
+    want = np.asarray(leaves_b[path])
+    scale = float(np.max(np.abs(want), initial=0.0))
+    np.testing.assert_allclose(np.asarray(x), want, rtol=0, atol=ROUNDING * scale, err_msg=path)
 
 
 def test_restores_into_the_plain_optax_state(tmp_path, saved):
