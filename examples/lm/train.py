@@ -32,6 +32,7 @@ third of the run.
 """
 
 import dataclasses
+import functools
 import inspect
 import time
 from collections.abc import Callable
@@ -116,7 +117,9 @@ class RunResult:
   wall_time_s: float  # Summed over the calls of a stopped and resumed run.
   compile_time_s: float
   train_loss: list[float]  # Mean over workers, every step.
-  step_time_s: list[float]  # Wall time of every step (step 1 includes compilation).
+  # Wall time of every step; step 1 includes compilation (none where an earlier run in
+  # this process compiled the same programs: make_programs).
+  step_time_s: list[float]
   bytes_sent: list[int]  # Bytes all-reduced per worker since init, after every step.
   evals: list[dict[str, Any]]  # step, val_loss and the metrics of that step.
   resumed_from: int = 0  # The checkpoint's step this call continued from (0: none).
@@ -221,13 +224,13 @@ def make_step(
   )
 
 
-def make_evaluate(apply: Callable, windows: np.ndarray, chunk: int = 32) -> Callable:
-  """``evaluate(stacked_params) -> float``: validation loss of the workers' average.
+def make_evaluate(loss: Callable, windows: np.ndarray, chunk: int = 32) -> Callable:
+  """``evaluate(stacked_params) -> float``: validation loss of the workers' average,
+  ``loss(params, windows)`` (jitted: :func:`make_programs`) over ``windows`` in chunks.
 
   After a synchronisation all workers hold the same parameters, so this is the
   model every method ends with; between syncs it is the plain average.
   """
-  loss = jax.jit(lambda p, w: model_lib.loss_fn(apply, p, w))
   chunks = [windows[i : i + chunk] for i in range(0, len(windows), chunk)]
 
   def evaluate(stacked_params) -> float:
@@ -238,6 +241,51 @@ def make_evaluate(apply: Callable, windows: np.ndarray, chunk: int = 32) -> Call
     return total / len(windows)
 
   return evaluate
+
+
+# TrainConfig's fields that no program of a run depends on: calls of :func:`train` that
+# differ only in these (another seed, a resumed call, another checkpoint folder) share
+# their compiled programs within a process (:func:`make_programs`).
+RUN_ONLY_FIELDS = (
+  "seed", "eval_every", "eval_windows", "checkpoint_dir", "checkpoint_every", "resume",
+  "stop_after", "warm_start_step", "warm_start_moments", "resume_mid_round",
+)  # fmt: skip
+
+
+@dataclasses.dataclass
+class Programs:
+  """What the runs of one method, config and model compile: the model's ``apply``, the
+  optimizer, the mesh, the jitted validation loss, and the jitted steps (:func:`make_step`,
+  one per :func:`step_phase`, made as the steps ask). The parameters are each run's own."""
+
+  apply: Callable
+  tx: optax.GradientTransformation
+  mesh: jax.sharding.Mesh
+  loss: Callable
+  steps: dict = dataclasses.field(default_factory=dict)
+
+
+def make_programs(
+  method: str, config: TrainConfig, model_config: model_lib.ModelConfig
+) -> Programs:
+  """The :class:`Programs` of ``method`` under ``config``: the same object for every call
+  whose config differs only in :data:`RUN_ONLY_FIELDS` (the last 16 kept), so that a
+  study's seeds and a resumed call trace and compile nothing again (a jitted function is
+  traced once per function object: a new one each run would retrace, and lower, every
+  program the persistent compilation cache then finds compiled)."""
+  defaults = {name: TrainConfig.__dataclass_fields__[name].default for name in RUN_ONLY_FIELDS}
+  return _programs(method, dataclasses.replace(config, **defaults), model_config)
+
+
+@functools.lru_cache(maxsize=16)
+def _programs(method: str, config: TrainConfig, model_config) -> Programs:
+  apply, _ = model_lib.init(model_config, config.seed)  # The graph; no parameter is kept.
+  return Programs(
+    apply=apply,
+    tx=make_optimizer(method, config),
+    mesh=make_mesh(config.num_workers, config.fsdp),
+    loss=jax.jit(lambda p, w: model_lib.loss_fn(apply, p, w)),
+  )
 
 
 def make_optimizer(method: str, config: TrainConfig) -> optax.GradientTransformation:
@@ -477,10 +525,10 @@ def train(
   start = time.perf_counter()
   m = config.num_workers
   config, warm_settings = resolve_warm_start(method, config, model_config, dataset)
-  apply, params = model_lib.init(model_config, config.seed)
+  programs = make_programs(method, config, model_config)
+  apply, tx, mesh, steps = programs.apply, programs.tx, programs.mesh, programs.steps
+  _, params = model_lib.init(model_config, config.seed)
   params = model_lib.cast(params, config.param_dtype)
-  tx = make_optimizer(method, config)
-  mesh = make_mesh(m, config.fsdp)
   opt_state = stack(tx.init(params), m)
   state_spec = jax.tree.map(lambda _: P(AXIS), opt_state)
   params = stack(params, m)
@@ -489,7 +537,6 @@ def train(
   opt_state = jax.device_put(opt_state, shardings)
   batch_sharding = NamedSharding(mesh, P(AXIS, DATA_AXIS))
   layout = (jax.tree.map(lambda x: x.sharding, params), shardings, NamedSharding(mesh, P(AXIS)))
-  steps = {}  # One program per phase (step_phase): three with rounds, one without.
 
   overlap, fragments = overlap_of(method, config), fragments_of(method, config)
   rounds = {}  # The round's update count at the first step of this run (round_updates).
@@ -518,7 +565,7 @@ def train(
   windows = data_lib.validation_windows(
     dataset, seq_len=model_config.seq_len, max_windows=config.eval_windows
   )
-  evaluate = make_evaluate(apply, windows)
+  evaluate = make_evaluate(programs.loss, windows)
   tracker = metrics_lib.ProjectionTracker()
   saver = None
   if config.checkpoint_dir is not None:
