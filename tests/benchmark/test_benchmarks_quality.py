@@ -1,16 +1,27 @@
-"""The studies that train the LM, in quick mode, end to end in a subprocess.
+"""The studies that train the LM, in quick mode, end to end.
 
-``benchmarks/run_all.py --quick --only quality,...`` trains every variant of the
-quality study on the tiny LM (a few steps, one seed), then the studies that build on
-it (time to target, extensions, the paper's variants, its protocol, the long horizon),
-and writes their JSON, markdown and plots; the checks here recompute from those files
-what the studies claim: every method's bytes against the communication formulas of
-MATH.md §7, the learning-rate choice, the claim numbers, every simulated time, and
-each later study's use of the quality study's own runs. A second run on the same cache
-must train nothing.
+``benchmarks/run_all.py --quick --only quality,time_to_target`` trains, in a subprocess,
+every variant of the quality study on the tiny LM (a few steps, one seed), then the time
+to target, and writes their JSON, markdown and plots; the checks here recompute from
+those files what the studies claim: every method's bytes against the communication
+formulas of MATH.md §7, the learning-rate choice, the claim numbers, every simulated
+time. A second run on the same cache must train nothing.
+
+The studies that build on the quality study (extensions, the paper's variants, its
+protocol, the long horizon) then run their own ``main`` in this process on its output,
+with training faked (the ``dependents`` fixture: a run the quality study cached is read
+back, any other is the cached run of its method with a loss of its own; the protocol's
+commands are read by the LM job's own parser, not trained), writing their JSON, markdown
+and plots; the checks here read from those files each study's use of the quality study's
+own runs and rates, the runs it asked for, and its numbers recomputed. What only their
+training shows (the extension rows' bytes, the paper's variants changing a run that
+still learns) is checked on real steps of their optimizers in
+``tests/benchmark/test_benchmarks_quality_promises.py``; the warm start the protocol's
+paper arm asks for, in ``tests/integration/test_lm_warm_start.py``.
 """
 
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -18,6 +29,7 @@ import pathlib
 import signal
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -27,12 +39,12 @@ BENCHMARKS = ROOT / "benchmarks"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 FLOAT32 = 4
 
-# Limits that only end a hang: the fixture trains about 5 minutes alone on 2 cores and took
-# 11 under a load of 20 (2026-11-27), so a busy host never meets them.
+# Limits that only end a hang: the fixture, when it also trained the four studies it now
+# fakes, took about 5 minutes alone on 2 cores and 11 under a load of 20 (2026-11-27), so a
+# busy host never meets them.
 pytestmark = pytest.mark.timeout(3600)
-STUDIES = (
-  "quality", "time_to_target", "extensions", "fidelity", "paper_protocol", "long_horizon",
-)  # fmt: skip
+STUDIES = ("quality", "time_to_target")  # Trained, in the subprocess.
+DEPENDENT = ("extensions", "fidelity", "paper_protocol", "long_horizon")  # Faked, in process.
 
 
 def run(*args: str, timeout: float) -> str:
@@ -87,6 +99,78 @@ def lm_model():
   return model
 
 
+def offset(key: dict) -> float:
+  """A made-up run's own loss offset, 1e-8 to 1e-2, from its settings: no two alike."""
+  digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()
+  return (1 + int(digest[:8], 16) % 10**6) / 1e8
+
+
+@pytest.fixture(scope="module")
+def dependents(out, quality):
+  """Each study of :data:`DEPENDENT`, ``main(["--quick", "--out", OUT])`` in this process
+  on the quality study's output, with training faked. ``lm_runs.run`` reads a run the
+  quality study cached; any other is made up from the quality study's run of its method
+  (same seed) with a loss of its own (:func:`offset`), and not cached. The protocol's
+  ``examples/main.py`` commands are read by that command's own parser and checks (each
+  ``--option`` names a method it trains) and answered with a ``results.json`` of made-up
+  numbers. Returns what the studies asked for: ``read`` (cached files), ``faked`` (file
+  name -> (RunSpec, record)), ``commands`` (the arm's folder -> (parsed arguments, its
+  results.json))."""
+  from benchmarks.harness import lm_runs
+  from benchmarks.paper import fidelity
+  from benchmarks.paper import long_horizon
+  from benchmarks.paper import paper_protocol
+  from benchmarks.quality import extensions
+  from tests.helpers.lm_example import main as lm_main
+
+  methods = {r["variant"]: r for r in quality["methods"]}
+  asked = {"read": [], "faked": {}, "commands": {}}
+
+  def fake_run(spec, cache, fresh=False, log=print):
+    path = cache / spec.file_name()
+    if path.exists() and not fresh:
+      asked["read"].append(path.name)
+      return json.loads(path.read_text())
+    base = methods[spec.variant.method]
+    record = json.loads((cache / base["run_files"][base["seeds"].index(spec.seed)]).read_text())
+    record["spec"] = spec.key()
+    record["result"]["final_val_loss"] += offset(spec.key())
+    asked["faked"][spec.file_name()] = (spec, record)
+    return record
+
+  def fake_main(line, cwd, check):
+    assert line[:2] == [sys.executable, "examples/main.py"] and check
+    args = lm_main.parse_args(line[2:])
+    lm_main.check_args(args)
+    trained = args.methods.split(",")
+    lm_main.check_option_methods(args, trained)
+    folder = pathlib.Path(args.out)
+    made_up = lambda what: offset({"arm": folder.name, "what": what})  # noqa: E731
+    saved = {
+      "command": " ".join(line[1:]),  # sys.argv, as main.py writes it
+      "results": [
+        {
+          "method": m,
+          "final_val_loss": methods[m]["mean"] + made_up(m),
+          "communicated_bytes": round(1e9 * made_up(f"{m} bytes")),
+        }
+        for m in trained
+      ],
+      "warm_start": {"final_val_loss": 5 + made_up("warm")} if args.warm_start_steps else None,
+    }
+    asked["commands"][folder.name] = (args, saved)
+    folder.mkdir(parents=True)
+    (folder / "results.json").write_text(json.dumps(saved))
+
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(lm_runs, "run", fake_run)
+    patch.setattr(lm_runs, "simulate_devices", lambda count=lm_runs.DEVICES: None)  # Started.
+    patch.setattr(paper_protocol, "subprocess", types.SimpleNamespace(run=fake_main))
+    for study in (extensions, fidelity, paper_protocol, long_horizon):
+      assert study.main(["--quick", "--out", str(out)]) == 0
+  return asked
+
+
 def test_every_output_is_written(out):
   for name in ("quality_loss_vs_bytes.png", "quality_similarity.png", "quality_rank_batch.png",
                "time_to_target.png"):  # fmt: skip
@@ -96,7 +180,14 @@ def test_every_output_is_written(out):
     assert heading in markdown
   assert "| method | step reached |" in (out / "time_to_target.md").read_text()
   assert set(json.loads((out / "run_all.json").read_text())["wall_time_s"]) == set(STUDIES)
-  assert (out / "extensions.png").read_bytes()[:8] == PNG_MAGIC
+
+
+def test_every_dependent_study_writes_its_report(out, dependents):
+  for name in DEPENDENT:
+    assert json.loads((out / f"{name}.json").read_text())
+    assert (out / f"{name}.md").read_text().startswith("#"), name
+  for name in ("extensions", "long_horizon"):
+    assert (out / f"{name}.png").read_bytes()[:8] == PNG_MAGIC
 
 
 def test_every_method_ran_every_seed_and_learned(quality, rows):
@@ -349,69 +440,108 @@ def test_run_all_reads_what_a_study_offers_from_its_source(tmp_path, monkeypatch
   assert command("none", False, False) is None  # It would write to its own place.
 
 
-def test_extensions_send_what_their_options_promise(out, quality):
-  """Compression with streaming, two-sided and QSR rows against plain LoRDO, from the JSON
-  (the quick study's rows; each compression and streaming alone against the plain run:
-  ``tests/comm/test_compression.py``, ``tests/round/test_streaming.py``)."""
+def test_extensions_run_each_row_at_its_rate_and_read_the_quality_runs(
+  quality, rows, out, dependents
+):
+  """Each quick row is the run of its variant (its options) at the best rate of the
+  method it extends; the rows the quality study has are its own runs, read from its
+  cache; every number of a row is its run's; the headline is recomputed from the JSON.
+  (What each row sends, on real steps: ``test_benchmarks_quality_promises.py``.)"""
   from benchmarks.quality import extensions
 
   ext = json.loads((out / "extensions.json").read_text())
-  rows = {r["variant"]: r for r in ext["rows"]}
-  assert list(rows) == list(extensions.QUICK_ROWS)
-  lordo = rows["lordo"]
-  assert (
-    lordo["final_val_loss"]
-    == [r["final_val_loss"] for r in quality["methods"] if r["variant"] == "lordo"][0]
-  )  # the quality study's own runs, read from its cache
-  # int8 sends the pseudo-gradient at a byte (plus a float32 scale per row), the
-  # moments in bfloat16: under half of float32's bytes. Four streamed fragments cut the
-  # largest message to under a quarter (measured: a sixth).
-  ours = rows["lordo_int8_stream4"]
-  assert 2 * ours["bytes"] < lordo["bytes"]
-  assert 4 * ours["peak_step_bytes"] < lordo["peak_step_bytes"]
-  # Two-sided: r x r moments instead of r x q; TSR-Adam's per-step cores undercut the
-  # r x q coordinates of low-rank DDP (projected).
-  assert rows["lordo_two_sided"]["bytes"] < lordo["bytes"]
-  assert rows["tsr_adam_projected"]["bytes"] < rows["low_rank_ddp_projected"]["bytes"]
-  # QSR lengthens rounds as the rate decays: fewer syncs, fewer bytes.
-  assert rows["lordo_qsr"]["bytes"] < lordo["bytes"]
+  found = {r["variant"]: r for r in ext["rows"]}
+  assert list(found) == list(extensions.QUICK_ROWS)
+  chosen = {variant.name: (variant, tuned_as) for variant, tuned_as in extensions.ROWS}
+  cached = {name: row["run_files"] for name, row in rows.items()}
+  for name, row in found.items():
+    variant, tuned_as = chosen[name]
+    assert row["learning_rate"] == quality["best_lr"][tuned_as]
+    (file,) = row["run_files"]
+    if name in cached:  # The quality study's own run, read back.
+      assert [file] == cached[name] and file in dependents["read"]
+      assert row["final_val_loss"] == rows[name]["final_val_loss"]
+      assert row["bytes"] == rows[name]["bytes"]
+      continue
+    spec, record = dependents["faked"][file]
+    assert spec.variant == variant and spec.learning_rate == row["learning_rate"]
+    assert row["final_val_loss"] == [record["result"]["final_val_loss"]]
+    assert row["bytes"] == record["result"]["communicated_bytes"]
+    assert row["peak_step_bytes"] == extensions.peak_step_bytes(record)
+  assert {"lordo", "low_rank_ddp"} <= set(cached) & set(found)
   headline = ext["headline"]
-  reference = rows["low_rank_ddp"]
+  ours, reference = found[extensions.HEADLINE], found["low_rank_ddp"]
   assert math.isclose(headline["bytes_ratio"], reference["bytes"] / ours["bytes"])
   gap = (ours["mean"] - reference["mean"]) / reference["mean"]
   assert math.isclose(headline["loss_gap"], gap)
   assert headline["holds"] == (gap <= 0.02 and headline["bytes_ratio"] >= 40)
+  assert math.isclose(
+    headline["peak_ratio"], reference["peak_step_bytes"] / ours["peak_step_bytes"]
+  )
 
 
-def test_each_paper_variant_is_paired_with_the_quality_study_run(out, quality, rows):
+def test_each_paper_variant_is_paired_with_the_quality_study_run(out, quality, rows, dependents):
+  """Each quick row runs its change (K, clipping, an option of its method) at the quality
+  study's rate, against that study's own run of the method. (That each change changes a
+  run that still learns, on real steps: ``test_benchmarks_quality_promises.py``.)"""
+  from benchmarks.paper import fidelity as study
+
   fidelity = json.loads((out / "fidelity.json").read_text())
-  assert [r["name"] for r in fidelity["rows"]] == ["K=32", "clip 0.5", "QH inside, nu=0.94"]
+  assert [r["name"] for r in fidelity["rows"]] == list(study.QUICK_CHANGES)
+  assert list(study.QUICK_CHANGES) == ["K=32", "clip 0.5", "QH inside, nu=0.94"]
+  changes = {c.name: c for c in study.CHANGES}
   for r in fidelity["rows"]:
     assert r["base_losses"] == rows[r["base"]]["final_val_loss"]  # Read, not retrained.
     assert r["learning_rate"] == quality["best_lr"][r["base"]]
     assert r["effect"] == pytest.approx(
       [a - b for a, b in zip(r["losses"], r["base_losses"], strict=True)]
     )
-    assert all(math.isfinite(x) and x < math.log(256) for x in r["losses"])
-    assert r["losses"] != r["base_losses"]  # Each change changed the run.
+    assert r["losses"] != r["base_losses"]  # A run of its own.
+    (spec,) = [
+      spec
+      for spec, record in dependents["faked"].values()
+      if [record["result"]["final_val_loss"]] == r["losses"]
+    ]
+    change = changes[r["name"]]
+    assert spec.variant.method == r["base"] and spec.learning_rate == r["learning_rate"]
+    assert spec.variant.options == change.options and spec.clip_norm == change.clip_norm
+    assert spec.sync_every == (change.sync_every or quality["study"]["sync_every"])
   assert "| lordo | K=32 (12) |" in (out / "fidelity.md").read_text()
 
 
-def test_the_paper_protocol_warm_starts_its_arm_and_pairs_the_seeds(out):
+def test_the_paper_protocol_warm_starts_its_arm_and_pairs_the_seeds(out, dependents):
+  """Each arm's command, read by ``examples/main.py``'s own parser: the paper arm starts
+  after a shared phase of a third of the run, at a constant rate, clipped; ours does
+  not. Its row holds what its results.json holds. (The warm start the command asks for,
+  its loss reported and its bytes not counted: ``tests/integration/test_lm_warm_start.py``;
+  LoRDO's bytes against low-rank DDP's: the quality study's rows, above.)"""
   protocol = {r["arm"]: r for r in json.loads((out / "paper_protocol.json").read_text())["rows"]}
   assert set(protocol) == {"paper", "ours"}
-  paper, ours = protocol["paper"], protocol["ours"]
-  assert paper["warm_start_loss"][0] is not None and ours["warm_start_loss"] == [None]
-  assert "--warm-start-steps" in paper["command"] and "--warm-start" not in ours["command"]
-  for row in protocol.values():
+  commands = dependents["commands"]
+  assert set(commands) == {"paper_s0", "ours_s0"}
+  for arm, row in protocol.items():
+    args, saved = commands[f"{arm}_s0"]
+    assert row["command"] == saved["command"]
+    results = {r["method"]: r for r in saved["results"]}
+    assert set(results) == {"lordo", "low_rank_ddp"}
+    for method, result in results.items():
+      assert row[method] == [result["final_val_loss"]]
+      assert row["bytes"][method] == result["communicated_bytes"]
     gap = [(a - b) / b for a, b in zip(row["lordo"], row["low_rank_ddp"], strict=True)]
     assert row["gap"] == pytest.approx(gap)
-    assert 0 < row["bytes"]["lordo"] < row["bytes"]["low_rank_ddp"]
-  # After the shared phase the arm trains 2/3 of the run: fewer bytes than ours.
-  assert paper["bytes"]["low_rank_ddp"] < ours["bytes"]["low_rank_ddp"]
+  paper, ours = protocol["paper"], protocol["ours"]
+  (paper_args, paper_saved), (ours_args, _) = commands["paper_s0"], commands["ours_s0"]
+  assert paper_args.warm_start_steps == paper_args.steps // 3 and not ours_args.warm_start_steps
+  assert paper_args.schedule == "constant" and ours_args.schedule == "cosine"
+  assert paper_args.clip_norm == 0.5 and ours_args.clip_norm is None
+  assert paper["warm_start_loss"] == [paper_saved["warm_start"]["final_val_loss"]]
+  assert ours["warm_start_loss"] == [None]
+  assert "--warm-start-steps" in paper["command"] and "--warm-start" not in ours["command"]
 
 
-def test_the_long_horizon_gap_reads_the_quality_study_and_its_own_runs(out, quality, rows):
+def test_the_long_horizon_gap_reads_the_quality_study_and_its_own_runs(
+  out, quality, rows, dependents
+):
   result = json.loads((out / "long_horizon.json").read_text())
   (steps,) = result["horizons"]
   assert int(steps) > quality["study"]["steps"]
@@ -427,4 +557,11 @@ def test_the_long_horizon_gap_reads_the_quality_study_and_its_own_runs(out, qual
   for row in found.values():
     assert row["complete"] and row["tuned_lr"] == quality["best_lr"][row["method"]]
     assert row["mean"] == min(sum(x) / len(x) for x in row["seeds"].values())
+    ((spec, record),) = [
+      (spec, record)
+      for spec, record in dependents["faked"].values()
+      if spec.steps == int(steps) and spec.variant.name == row["method"]
+    ]  # Its own run at the longer horizon, at the quality study's rate.
+    assert spec.learning_rate == row["tuned_lr"]
+    assert row["seeds"] == {f"{spec.learning_rate:g}": [record["result"]["final_val_loss"]]}
   assert (out / "long_horizon.png").read_bytes()[:8] == PNG_MAGIC
