@@ -303,13 +303,15 @@ def test_the_state_of_a_sharded_parameter_is_sharded_like_it(method):
 @pytest.mark.parametrize(
   "method, axis_type",
   [
-    ("lordo_subspace_iteration", AxisType.Explicit),
-    ("lordo_subspace_iteration_random", AxisType.Auto),
+    ("lordo_subspace_iteration", AxisType.Auto),
+    ("lordo_subspace_iteration_random", AxisType.Explicit),
   ],
   ids=lambda x: x.name.lower() if isinstance(x, AxisType) else x,
 )
 def test_subspace_iteration_on_a_split_basis_dimension_matches_the_unsharded_run(method, axis_type):
-  """The n x r factor stays split by rows: shifted Cholesky-QR instead of a gathered QR."""
+  """The n x r factor stays split by rows: shifted Cholesky-QR instead of a gathered QR.
+  The ``Explicit`` case is the program whose HLO
+  ``test_a_products_only_refresh_never_gathers_a_matrix`` reads (one compile for both)."""
   mesh = jax.make_mesh((4, 2), (AXIS, "fsdp"), axis_types=(axis_type,) * 2)
   _assert_same_run(method, mesh, "basis_split")
 
@@ -412,8 +414,8 @@ WORKER_GROUPS = "{{0,2,4,6},{1,3,5,7}}"  # the worker axis of a (4, 2) mesh of d
 @pytest.mark.parametrize(
   "method, phase, axis_type",
   [
-    ("diloco_overlap_round", None, AxisType.Auto),
-    ("lordo_overlap_round_random", None, AxisType.Explicit),
+    ("diloco_overlap_round", None, AxisType.Explicit),
+    ("lordo_overlap_round_random", None, AxisType.Auto),
     ("lordo_window", "send", AxisType.Auto),
     ("lordo_window_fragments", "send", AxisType.Explicit),
   ],
@@ -422,9 +424,9 @@ WORKER_GROUPS = "{{0,2,4,6},{1,3,5,7}}"  # the worker axis of a (4, 2) mesh of d
 def test_on_four_workers_times_fsdp_the_chunk_can_overlap_the_step(method, phase, axis_type):
   """The compiled step of 4 workers x 2-way FSDP: every collective over the workers is
   at the top level and reads only the state carried in (``tests/helpers/hlo.py``); the same
-  method without overlap (its sync in a conditional) is not, the control."""
-  build = {
-    "diloco_overlap_round": functools.partial(lordo_jax.diloco, 1e-2, sync_every=2),
+  method without overlap (its sync in a conditional) is not, the control. DiLoCo's two
+  programs are those of :data:`METHODS` that the FSDP test trains (compiled once)."""
+  build = {  # diloco_overlap_round: METHODS's
     "lordo_overlap_round_random": functools.partial(
       lordo_jax.lordo, 1e-2, rank=2, sync_every=2, init_projection="random"
     ),
@@ -434,14 +436,20 @@ def test_on_four_workers_times_fsdp_the_chunk_can_overlap_the_step(method, phase
     "lordo_window_fragments": functools.partial(
       lordo_jax.lordo, 1e-2, rank=2, sync_every=6, fragments=2, init_projection="random"
     ),
-  }[method]
+  }.get(method)
   overlap = {"lordo_window": 2, "lordo_window_fragments": 2}.get(method, "round")
   mesh = jax.make_mesh((4, 2), (AXIS, "fsdp"), axis_types=(axis_type,) * 2)
-  text, computed = compiled_optimizer_step(
-    build(axis_name=AXIS, overlap=overlap), mesh, FSDP_SPECS, phase=phase
-  )
+  if method in METHODS:  # diloco(1e-2, sync_every=2, ...) with and without overlap="round"
+    assert phase is None and axis_type == AxisType.Explicit
+    text, computed = compiled_step(*programs(method, mesh, "fsdp")[::-1], mesh, FSDP_SPECS)
+    control = compiled_step(*programs("diloco", mesh, "fsdp")[::-1], mesh, FSDP_SPECS)
+  else:
+    text, computed = compiled_optimizer_step(
+      build(axis_name=AXIS, overlap=overlap), mesh, FSDP_SPECS, phase=phase
+    )
+    control = compiled_optimizer_step(build(axis_name=AXIS), mesh, FSDP_SPECS)
   # Over the worker axis only: the model's own collectives inside a group (its split
   # sums, the boundary's gathers) read this step's parameters, as in any FSDP step.
   assert hlo.overlappable(text, computed, groups=WORKER_GROUPS)
-  blocking, computed = compiled_optimizer_step(build(axis_name=AXIS), mesh, FSDP_SPECS)
+  blocking, computed = control
   assert not hlo.overlappable(blocking, computed, groups=WORKER_GROUPS)
