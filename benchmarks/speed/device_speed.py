@@ -115,7 +115,7 @@ LM_LEARNING_RATE = 2e-3
 LM_BATCH = 16  # Windows per step.
 GPT2_LM = model.ModelConfig(d_model=768, num_layers=12, num_heads=12, seq_len=512)
 FULL = dict(shapes=table.gpt2_small_shapes(), rank=table.RANK, period=table.K)
-QUICK = dict(shapes=table.gpt2_shapes(1, 64, vocab=512, context=128), rank=16, period=4)
+QUICK = dict(shapes=table.gpt2_shapes(2, 64, vocab=512, context=128), rank=16, period=4)
 QUICK_REPEATS = 1
 # LoRDO's default and the exact one; quick mode's LoRDO rows take the first only.
 QUICK_PROJECTIONS = ("subspace_iteration", "svd")
@@ -711,7 +711,7 @@ def settings_of(args, settings: dict) -> dict:
     "repeats": args.repeats,
     "sync_every": settings["period"],
     "rank": settings["rank"],
-    "optimizer_shapes": "tiny GPT-2 (1 layer, d = 64)" if args.quick else "GPT-2 small",
+    "optimizer_shapes": "tiny GPT-2 (2 layers, d = 64)" if args.quick else "GPT-2 small",
     "optimizer_params": sum(x.size for x in jax.tree.leaves(settings["shapes"])),
     "projections": args.projections,
     "lordo_projections": args.lordo_projections,
