@@ -4,7 +4,7 @@ the collector tuned as in the suite's own processes (``conftest``), for the LM r
 benchmarks and the multi-process jobs. A process that traces and compiles JAX programs
 makes millions of short-lived objects while holding large caches, and the default young
 threshold (700) walks those caches over and over: a cold LM run of the tiny preset took
-about 21 s of CPU with the default and 16.5 to 18.5 s with this one."""
+22 s of CPU with the default (twice) and 16.5 and 19 s with this one."""
 
 import gc
 
