@@ -332,7 +332,7 @@ def ledger_steps(tx, shapes, steps: int) -> list[tuple[int, int]]:
   counters = [jnp.zeros(flat[i][1].shape, flat[i][1].dtype) for i in positions]
   sent = []
   for _ in range(steps):
-    counters = [x[0] for x in jax.block_until_ready(step(counters))]
+    counters = jax.block_until_ready(step(counters))
     state = communication_table._with_ledgers(treedef, counters, positions, len(flat))
     sent.append((lordo_jax.communicated_bytes(state), lordo_jax.all_reduce_count(state)))
   return sent

@@ -165,8 +165,9 @@ def _with_ledgers(treedef, counters, positions, size):
 def one_worker_program(body):
   """``body`` as one worker of a ``shard_map`` over a one-device mesh axis ``workers``.
 
-  The returned function takes one worker's arguments; its outputs carry a leading
-  worker axis of size 1.
+  The returned function takes one worker's arguments and returns one worker's outputs:
+  the leading worker axis (of size 1) is added and removed inside the one compiled
+  program, so a step is one dispatch, with no per-leaf indexing around it.
   """
   mesh = jax.make_mesh((1,), (AXIS,))
 
@@ -174,11 +175,16 @@ def one_worker_program(body):
     outputs = body(*jax.tree.map(lambda x: x[0], args))
     return jax.tree.map(lambda x: x[None], outputs)
 
-  program = jax.jit(jax.shard_map(stacked, mesh=mesh, in_specs=P(AXIS), out_specs=P(AXIS)))
-  sharding = jax.NamedSharding(mesh, P(AXIS))
+  worker = jax.shard_map(stacked, mesh=mesh, in_specs=P(AXIS), out_specs=P(AXIS))
+  split, whole = jax.NamedSharding(mesh, P(AXIS)), jax.NamedSharding(mesh, P())
 
-  def run(*args):
-    return program(*jax.device_put(jax.tree.map(lambda x: x[None], args), sharding))
+  @jax.jit
+  def program(*args):
+    outputs = worker(*jax.tree.map(lambda x: jax.reshard(x[None], split), args))
+    return jax.tree.map(lambda x: x[0], outputs)
+
+  def run(*args):  # Arguments placed as the outputs are: one compile for every call.
+    return program(*jax.device_put(args, whole))
 
   return run
 
@@ -205,7 +211,7 @@ def counter_steps(tx, shapes, steps):
   counters = [jnp.zeros(flat[i][1].shape, flat[i][1].dtype) for i in positions]
   sent = []
   for _ in range(steps):
-    counters = [x[0] for x in step(counters)]
+    counters = step(counters)
     jax.block_until_ready(counters)
     sent.append(
       lordo_jax.communicated_bytes(_with_ledgers(treedef, counters, positions, len(flat)))
@@ -229,7 +235,7 @@ def full_steps(tx, params, steps, seed=0):
       jax.tree.structure(params),
       [jax.random.normal(k, x.shape) for k, x in zip(keys, jax.tree.leaves(params), strict=True)],
     )
-    params, state = jax.tree.map(lambda x: x[0], step(params, state, grads))
+    params, state = step(params, state, grads)
     jax.block_until_ready((params, state))
     sent.append(lordo_jax.communicated_bytes(state))
   return sent

@@ -93,7 +93,7 @@ def _full_steps(tx, params, grads):
   step = communication_table.one_worker_program(body)
   state, sent = tx.init(params), []
   for g in grads:
-    params, state = jax.tree.map(lambda x: x[0], jax.block_until_ready(step(params, state, g)))
+    params, state = jax.block_until_ready(step(params, state, g))
     sent.append((lordo_jax.communicated_bytes(state), lordo_jax.all_reduce_count(state)))
   return sent
 
