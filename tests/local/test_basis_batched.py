@@ -2,10 +2,12 @@
 
 The bases (:mod:`lordo_jax.local.bases`) take leading batch axes, and low-rank Adam
 stacks the matrices of one shape and layout to refresh them in one batched
-computation: the bases of a stack equal the bases of its matrices one at a time, on
-either side, for every method and for a leaf that is itself a stack
-(``MatrixAxes(batch=...)``), and a sharded stack (``Explicit`` or ``Auto`` FSDP axes)
-equals the unsharded one. Tolerances: float32 rounding of different but equivalent
+computation: the bases of a stack equal the bases of its matrices one at a time, for
+every method (a one-sided one on either side), a failed matrix among them too; low-rank
+Adam's refresh of a group equals each matrix's alone, a leaf that is itself a stack
+(``MatrixAxes(batch=...)``) among them; and a sharded stack (``Explicit`` or ``Auto``
+FSDP axes) equals the unsharded one (subspace iteration's on ``Explicit`` axes in
+``test_batched_step.py``). Tolerances: float32 rounding of different but equivalent
 programs (batched and unbatched calls, fused differently).
 """
 
@@ -25,8 +27,12 @@ from lordo_jax.local import bases
 from tests.references import basis_numpy as ref
 
 RANK = 3
-METHODS = [(name, False) for name in bases.ONE_SIDED] + [(name, True) for name in bases.TWO_SIDED]
 SHAPES = {"left": (24, 10), "right": (10, 24)}
+# A one-sided method on either side. A two-sided method has no side (U and V, its code
+# the same for p >= q and p < q), so one shape stands for both.
+CASES = [(name, False, side) for name in bases.ONE_SIDED for side in SHAPES] + [
+  (name, True, "left") for name in bases.TWO_SIDED
+]
 
 
 def _matrices(shape, count, seed=0):
@@ -40,44 +46,32 @@ def _close(a, b, atol=2e-5):
     np.testing.assert_allclose(np.asarray(x, np.float64), np.asarray(y, np.float64), atol=atol)
 
 
-@pytest.mark.parametrize("side", SHAPES)
-@pytest.mark.parametrize(("projection", "two_sided"), METHODS)
+@pytest.mark.parametrize(("projection", "two_sided", "side"), CASES)
 def test_the_bases_of_a_stack_are_those_of_its_matrices_alone(projection, two_sided, side):
+  """Four matrices refreshed in one batched call, the last with a NaN: each gets the
+  basis and ``ok`` it gets alone; the failed one keeps its previous basis, and the others
+  do not notice it."""
   method = bases.method(projection, two_sided=two_sided, options=bases.Options(rank=RANK))
   strategy = method.strategy(*SHAPES[side])
-  xs = _matrices(SHAPES[side], 3)
-  keys = [jax.random.key(i) for i in range(3)]
+  xs = _matrices(SHAPES[side], 4)
+  keys = [jax.random.key(i) for i in range(4)]
   # A previous basis to warm-start from (subspace iteration): each matrix's exact one.
   exact = jax.jit(strategy.exact or strategy.compute)
   previous = [
     exact(x + 0.3 * x[::-1], strategy.init(k), k)[0] for x, k in zip(xs, keys, strict=True)
   ]
+  xs[3] = xs[3].at[0, 0].set(jnp.nan)
   compute = jax.jit(strategy.compute)
   alone = [compute(x, p, k) for x, p, k in zip(xs, previous, keys, strict=True)]
   stack = lambda items: jax.tree.map(lambda *leaves: jnp.stack(leaves), *items)  # noqa: E731
   ((together, ok),) = jax.jit(
     lambda x, p, k: method.bases_of_mean([strategy], [x], [p], [k], False, lambda xs: xs)
   )(jnp.stack(xs), stack(previous), jnp.stack(keys))
-  assert ok.shape == (3,) and bool(jnp.all(ok))
-  for i, (basis, ok_alone) in enumerate(alone):
-    assert bool(ok_alone)
+  assert [bool(ok_alone) for _, ok_alone in alone] == [True, True, True, False]
+  assert np.asarray(ok).tolist() == [True, True, True, False]
+  for i, (basis, _) in enumerate(alone):
     _close(jax.tree.map(lambda b, i=i: b[i], together), basis)
-
-
-@pytest.mark.parametrize("side", SHAPES)
-@pytest.mark.parametrize(("projection", "two_sided"), METHODS)
-def test_a_stack_keeps_each_failed_matrix_previous_basis_alone(projection, two_sided, side):
-  method = bases.method(projection, two_sided=two_sided, options=bases.Options(rank=RANK))
-  strategy = method.strategy(*SHAPES[side])
-  xs = _matrices(SHAPES[side], 2)
-  xs[1] = xs[1].at[0, 0].set(jnp.nan)
-  keys = jnp.stack([jax.random.key(0), jax.random.key(1)])
-  previous = jax.tree.map(lambda b: jnp.stack([b, b]), strategy.init(jax.random.key(5)))
-  ((basis, ok),) = jax.jit(
-    lambda x, p, k: method.bases_of_mean([strategy], [x], [p], [k], False, lambda xs: xs)
-  )(jnp.stack(xs), previous, keys)
-  assert np.asarray(ok).tolist() == [True, False]
-  _close(jax.tree.map(lambda b: b[1], basis), jax.tree.map(lambda b: b[1], previous), atol=0)
+  _close(jax.tree.map(lambda b: b[3], together), previous[3], atol=0)
 
 
 def _tx(projection, two_sided=False, matrix_axes=None):
@@ -85,69 +79,56 @@ def _tx(projection, two_sided=False, matrix_axes=None):
   return lordo_jax.scale_by_low_rank_adam(RANK, refresh_every=2, matrix_axes=matrix_axes, **options)
 
 
-DETERMINISTIC = [("svd", False), ("subspace_iteration", False), ("dct", False), ("svd", True)]
+# A method whose bases do not depend on a matrix's key (its place in the tree), of each
+# kind of basis the refresh carries the moments into (a one-sided Q: subspace iteration,
+# LoRDO's default, whose first basis is the SVD's; the DCT's frequencies; a two-sided U
+# and V). How each method computes a stack's bases is the test above's.
+DETERMINISTIC = [("subspace_iteration", False), ("dct", False), ("svd", True)]
 
 
 @pytest.mark.parametrize(("projection", "two_sided"), DETERMINISTIC)
-def test_low_rank_adam_on_same_shape_matrices_equals_it_on_each_alone(projection, two_sided):
-  """Three same-shape matrices (one refresh group) and one other: their moments and
-  bases after 5 steps with 3 refreshes (rotated moments) equal each matrix's alone."""
-  names = ["a", "b", "c", "d"]
-  shapes = [(24, 10)] * 3 + [(10, 24)]
+def test_low_rank_adam_on_a_refresh_group_equals_it_on_each_matrix_alone(projection, two_sided):
+  """One refresh group of five 24 x 10 matrices, two 2-D leaves and a scanned model's
+  kernel ``(layers, p, q)`` with ``MatrixAxes(batch=0, rows=1, cols=2)`` holding three,
+  and a 10 x 24 matrix alone: the updates, bases and moments after 5 steps with 3
+  refreshes (rotated moments) equal each matrix's alone. So each layer of the kernel
+  has its own basis and moments, as it would as a 2-D leaf."""
   params = {
-    n: m
-    for n, m in zip(names, [_matrices(s, 1, seed=i)[0] for i, s in enumerate(shapes)], strict=True)
+    "a": _matrices((24, 10), 1, seed=0)[0],
+    "b": _matrices((24, 10), 1, seed=1)[0],
+    "kernel": jnp.stack(_matrices((24, 10), 3, seed=2)),
+    "d": _matrices((10, 24), 1, seed=5)[0],
   }
-  grads = [
-    jax.tree.map(lambda x, t=t: jnp.roll(x, t, axis=0) * (1 + 0.1 * t), params) for t in range(5)
-  ]
-  tx = _tx(projection, two_sided)
+  axes = {name: lordo_jax.MatrixAxes() for name in params}
+  axes["kernel"] = lordo_jax.MatrixAxes(batch=0, rows=1, cols=2)
 
-  def run(tree_grads):
-    state = tx.init(tree_grads[0])
-    for g in tree_grads:
-      updates, state = jax.jit(tx.update)(g, state)
-    return updates, state.moments.matrices()
-
-  together = run(grads)
-  for n in names:
-    # Under one name: the three matrices of one shape share a program (a leaf's name
-    # is not part of its computation).
-    alone = run([{"alone": g[n]} for g in grads])
-    _close((together[0][n], together[1][n]), (alone[0]["alone"], alone[1]["alone"]), atol=5e-5)
-
-
-@pytest.mark.parametrize(("projection", "two_sided"), DETERMINISTIC)
-def test_a_stacked_leaf_with_batch_axes_equals_its_matrices_as_leaves(projection, two_sided):
-  """A scanned model's kernel ``(layers, p, q)`` with ``MatrixAxes(batch=0, rows=1,
-  cols=2)``: each layer's matrix has its own basis and moments, and the updates and
-  state equal those of the layers as separate 2-D leaves."""
-  layers = _matrices((24, 10), 3)
-  stacked = {"kernel": jnp.stack(layers)}
-  separate = {f"layer{i}": x for i, x in enumerate(layers)}
-  grads = [
-    lambda tree, t=t: jax.tree.map(lambda x: jnp.roll(x, t, axis=-2) * (1 + 0.1 * t), tree)
-    for t in range(5)
-  ]
-  scanned = _tx(projection, two_sided, {"kernel": lordo_jax.MatrixAxes(batch=0, rows=1, cols=2)})
-  plain = _tx(projection, two_sided)
-
-  def run(tx, params):
-    state = tx.init(params)
-    for g in grads:
-      updates, state = jax.jit(tx.update)(g(params), state)
-    return updates, state
-
-  stacked_updates, stacked_state = run(scanned, stacked)
-  separate_updates, separate_state = run(plain, separate)
-  for i in range(3):
-    _close(stacked_updates["kernel"][i], separate_updates[f"layer{i}"], atol=5e-5)
-    m, want = (
-      stacked_state.moments.matrices()["kernel"],
-      separate_state.moments.matrices()[f"layer{i}"],
+  def steps(tx):
+    """5 steps of ``tx`` from its ``init``: one program, the gradients computed in it."""
+    update = jax.jit(
+      lambda params, state, t: tx.update(
+        jax.tree.map(lambda x: jnp.roll(x, t, axis=-2) * (1 + 0.1 * t), params), state
+      )
     )
-    basis = jax.tree.map(lambda b, i=i: b[i], m.basis)
-    _close((basis, m.mu[i], m.nu[i]), (want.basis, want.mu, want.nu), atol=5e-5)
+
+    def run(params):
+      state = tx.init(params)
+      for t in range(5):
+        updates, state = update(params, state, t)
+      return updates, jax.device_get(state.moments).matrices()
+
+    return run
+
+  updates, moments = steps(_tx(projection, two_sided, axes))(params)
+  matrices = [("a", None), ("b", None), ("d", None)] + [("kernel", i) for i in range(3)]
+  alone = steps(_tx(projection, two_sided))
+  for name, layer in matrices:
+    pick = (lambda x: x) if layer is None else (lambda x, i=layer: x[i])  # noqa: E731
+    # Under one name: the matrices of one shape share a program (a leaf's name is not
+    # part of its computation).
+    alone_updates, alone_moments = alone({"alone": pick(params[name])})
+    m, want = moments[name], alone_moments["alone"]
+    got = (pick(updates[name]), jax.tree.map(pick, m.basis), pick(m.mu), pick(m.nu))
+    _close(got, (alone_updates["alone"], want.basis, want.mu, want.nu), atol=5e-5)
 
 
 def test_a_stacked_leaf_in_lordo_trains_like_its_layers_as_leaves():
@@ -193,36 +174,40 @@ def _unsharded_refreshed(projection):
   return _refreshed(projection, _group_params())
 
 
+def _on_host(state):
+  """The moments per matrix, of a state fetched to the host (no program for slicing the
+  sharded stacks)."""
+  return jax.device_get(state.moments).matrices()
+
+
 @pytest.mark.parametrize(
   ("projection", "explicit"),
-  [
-    ("svd", True),
-    ("subspace_iteration", True),
-    ("randomized_svd", True),
-    ("randomized_svd", False),
-  ],
-  ids=["svd-Explicit", "subspace_iteration-Explicit", "randomized_svd-Explicit", "Auto"],
+  [("svd", True), ("randomized_svd", True), ("randomized_svd", False)],
+  ids=["svd-Explicit", "randomized_svd-Explicit", "Auto"],
 )
 def test_a_sharded_group_is_refreshed_as_the_unsharded_one(projection, explicit):
   """Same-shape matrices split over an FSDP axis (by rows and by columns) refresh to the
   bases of the unsharded run, the bases split as their matrices are.
 
-  Every method on ``Explicit`` axes, where the types carry the split through the
-  method's own code. On ``Auto`` axes the types say nothing: every method traces as
-  unsharded (its program is the reference's, partitioned by the compiler), so one
-  method, the randomized SVD (random draws and products), stands for all."""
+  On ``Explicit`` axes the types carry the split through the method's own code: the SVD
+  (which gathers its matrix) and the randomized SVD here; subspace iteration, the
+  default, in ``test_batched_step.py``, whose sharded per-matrix run is this test's. On
+  ``Auto`` axes the types say nothing: every method traces as unsharded (its program is
+  the reference's, partitioned by the compiler), so one method, the randomized SVD
+  (random draws and products), stands for all."""
   axis_type = AxisType.Explicit if explicit else AxisType.Auto
   mesh = jax.make_mesh((8,), ("fsdp",), axis_types=(axis_type,))
   params = _group_params()
   specs = {f"m{i}": P("fsdp", None) if i < 2 else P(None, "fsdp") for i in range(4)}
-  want = _unsharded_refreshed(projection)
+  want = _on_host(_unsharded_refreshed(projection))
   set_mesh = getattr(jax, "set_mesh", None) or jax.sharding.use_mesh
   with set_mesh(mesh):
     split = {k: jax.device_put(x, NamedSharding(mesh, specs[k])) for k, x in params.items()}
     got = _refreshed(projection, split)
+  moments = _on_host(got)
   for k in params:
-    _close(got.moments.matrices()[k].basis, want.moments.matrices()[k].basis, atol=5e-5)
-    _close(got.moments.matrices()[k].mu, want.moments.matrices()[k].mu, atol=5e-5)
+    _close(moments[k].basis, want[k].basis, atol=5e-5)
+    _close(moments[k].mu, want[k].mu, atol=5e-5)
   if explicit and projection != "svd":  # The SVD gathers its matrix; the others never do.
     basis = got.moments.matrices()["m0"].basis
     assert tuple(basis.sharding.spec)[:1] == ("fsdp",)

@@ -5,8 +5,9 @@ and layout in one batched computation (:func:`lordo_jax.local._shape_groups.step
 so a transformer's layers cost a few kernels instead of a few per matrix; compiled for a
 CPU it keeps one matrix at a time, where stacking the gradients would cost more than it
 saves. Here, on a CPU, the batched step is forced (``FORCED_STEP_GROUPING = "batched"``)
-and compared with the per-matrix one: every projection method, both sides, 2-D and
-stacked leaves, error feedback and the authors' variants, low-rank DDP's
+and compared with the per-matrix one: every kind of basis the step reads (one-sided,
+DCT, two-sided), both sides, 2-D and stacked leaves, error feedback and the authors'
+variants, low-rank DDP's
 ``project``/``step`` entry points, ``lordo`` itself, and FSDP-split matrices on
 ``Explicit`` and ``Auto`` meshes.
 The compiled programs are read for the products: two per group, not two per matrix.
@@ -38,14 +39,6 @@ AXES = {
   "stacked": lordo_jax.MatrixAxes(batch=0, rows=1, cols=2),
   "transposed": lordo_jax.MatrixAxes(rows=1, cols=0),
 }
-METHODS = [
-  ("svd", False),
-  ("subspace_iteration", False),
-  ("dct", False),
-  ("randomized_svd", False),
-  ("svd", True),
-  ("randomized_svd", True),
-]
 VARIANTS = {
   "plain": {},
   "error_fed_vector_right": dict(
@@ -87,12 +80,13 @@ def _close(a, b, rtol=1e-5, atol=1e-6):
 
 
 def _trajectory(tx, params, steps=STEPS):
-  """Every step's updates and state of ``tx`` on :func:`_grads`, traced anew (a new
-  function: jit's cache would give the program the policy of an earlier trace)."""
+  """Every step's updates and state of ``tx`` on :func:`_grads` (computed in the step's
+  program), traced anew (a new function: jit's cache would give the program the policy
+  of an earlier trace)."""
   state, out = tx.init(params), []
-  update = jax.jit(lambda *args: tx.update(*args))
+  update = jax.jit(lambda params, state, t: tx.update(_grads(params, t), state, params))
   for t in range(steps):
-    updates, state = update(_grads(params, t), state, params)
+    updates, state = update(params, state, t)
     out.append((updates, state))
   return out
 
@@ -115,14 +109,24 @@ def test_a_platform_the_policy_names_steps_one_matrix_at_a_time(monkeypatch):
   assert seen == [[[0, 1], [2]]]
 
 
-# Every method plain, and every variant with the default one-sided method and the
-# two-sided SVD (two-sided projections have no side and a scalar full-rank scale): the
-# batching of the step does not depend on the pair of a method and a variant.
-CASES = [(p, two, "plain") for p, two in METHODS] + [
-  (p, two, v)
-  for p, two in (("subspace_iteration", False), ("svd", True))
-  for v in VARIANTS
-  if v != "plain" and not (two and "side" in VARIANTS[v])
+# The step reads a basis through its strategy's dense / project / unproject, and these
+# are one code per kind of basis: a one-sided Q (the SVD, subspace iteration and the
+# randomized SVD share it), the DCT's frequencies, and a two-sided U and V (both two-sided
+# methods). How a method refreshes is no part of the step: every refresh is batched by
+# shape group, batched step or not (``test_basis_batched.py`` checks a group's refresh
+# against each matrix's alone). So each kind of basis is stepped here, with the cheapest
+# refresh of its kind, and every variant with a one-sided and a two-sided basis (a
+# two-sided projection has no side and a scalar full-rank scale): the batching of the
+# step depends on the basis (projected on and from) and on the variant (its moments and
+# error buffers), not on the pair. Subspace iteration, LoRDO's default, is the method of
+# the LoRDO and FSDP tests below.
+CASES = [
+  ("svd", False, "plain"),
+  ("svd", False, "error_fed_vector_right"),
+  ("svd", False, "bfloat16_error_scalar"),
+  ("dct", False, "qh_momentum"),
+  ("svd", True, "bfloat16_error_scalar"),
+  ("svd", True, "qh_momentum"),
 ]
 
 
@@ -146,13 +150,9 @@ def _products(tx, params) -> int:
   """The dot products in the compiled update of ``tx`` after its first step (lowered
   for the state's shapes: the first step is traced, not run)."""
   state = tx.init(params)
-  _, state = jax.eval_shape(tx.update, _grads(params, 0), state, params)
-  text = (
-    jax.jit(lambda *args: tx.update(*args))
-    .lower(_grads(params, 1), state, params)
-    .compile()
-    .as_text()
-  )
+  grads = jax.eval_shape(_grads, params, 1)
+  _, state = jax.eval_shape(tx.update, grads, state, params)
+  text = jax.jit(lambda *args: tx.update(*args)).lower(grads, state, params).compile().as_text()
   return len(re.findall(r" dot\(", text))
 
 
@@ -191,10 +191,12 @@ def test_lordo_trains_batched_as_per_matrix(monkeypatch):
   def train(phased):
     params = _params()
     state = tx.init(params)
-    step = jax.jit(lambda p, s, g, phase: tx.update(g, s, p, round_phase=phase), static_argnums=3)
+    step = jax.jit(
+      lambda p, s, t, phase: tx.update(_grads(p, t), s, p, round_phase=phase), static_argnums=3
+    )
     for t in range(7):
       phase = lordo_jax.round_phase(t, sync_every=3) if phased else None
-      updates, state = step(params, state, _grads(params, t), phase)
+      updates, state = step(params, state, t, phase)
       params = optax.apply_updates(params, updates)
     return params
 
@@ -207,30 +209,42 @@ def _group_params():
   return {f"m{i}": _matrix((32, 16), i) for i in range(4)}
 
 
-def _group_tx():
-  return lordo_jax.scale_by_low_rank_adam(RANK, refresh_every=2, projection="subspace_iteration")
+def _group_tx(projection):
+  return lordo_jax.scale_by_low_rank_adam(RANK, refresh_every=2, projection=projection)
 
 
 @functools.cache
-def _unsharded_group_trajectory():
-  """3 steps of :func:`_group_tx` on the unsharded group, per matrix: the reference of
-  both axis types."""
-  return _trajectory(_group_tx(), _group_params(), steps=3)
+def _unsharded_group_trajectory(projection):
+  """3 steps of :func:`_group_tx` on the unsharded group, per matrix: the reference."""
+  return _trajectory(_group_tx(projection), _group_params(), steps=3)
+
+
+def _on_host(state):
+  """The moments per matrix, of a state fetched to the host (no program for slicing the
+  sharded stacks)."""
+  return jax.device_get(state.moments).matrices()
 
 
 @pytest.mark.parametrize("explicit", [True, False], ids=["Explicit", "Auto"])
 def test_a_sharded_group_steps_batched_as_the_unsharded_per_matrix_step(explicit, monkeypatch):
-  """Same-shape matrices split over an FSDP axis, batched: the updates and moments of
-  the unsharded per-matrix run, split as the sharded per-matrix run splits them.
+  """Same-shape matrices split over an FSDP axis, batched and per matrix: the updates and
+  moments of the unsharded per-matrix run, split alike by both.
+
   ``Explicit``: two split by rows, two by columns (two groups: the types say how each
-  is split). ``Auto``: the types say nothing, so same-shape matrices form one group
-  however they are split; here split alike, as a model's layers are."""
+  is split), refreshed by subspace iteration, whose bases stay split as their matrices
+  are, so the step projects split gradients on split bases. This is subspace
+  iteration's sharded refresh; the other methods' are in ``test_basis_batched.py``.
+  ``Auto``: the types say nothing, so same-shape matrices form one group however they
+  are split; here split alike, as a model's layers are. On ``Auto`` axes every method
+  traces as unsharded (``test_basis_batched.py``), so the cheapest, the SVD, stands for
+  all."""
   axis_type = AxisType.Explicit if explicit else AxisType.Auto
   mesh = jax.make_mesh((8,), ("fsdp",), axis_types=(axis_type,))
   params = _group_params()
   by_rows = {0, 1} if explicit else set()
   specs = {f"m{i}": P("fsdp", None) if i in by_rows else P(None, "fsdp") for i in range(4)}
-  tx = _group_tx()
+  projection = "subspace_iteration" if explicit else "svd"
+  tx = _group_tx(projection)
   set_mesh = getattr(jax, "set_mesh", None) or jax.sharding.use_mesh
 
   def sharded():
@@ -238,14 +252,18 @@ def test_a_sharded_group_steps_batched_as_the_unsharded_per_matrix_step(explicit
       split = {k: jax.device_put(x, NamedSharding(mesh, specs[k])) for k, x in params.items()}
       return _trajectory(tx, split, steps=3)
 
-  want, sharded_per_matrix = _unsharded_group_trajectory(), sharded()
+  want, sharded_per_matrix = _unsharded_group_trajectory(projection), sharded()
   monkeypatch.setattr(shape_groups, "FORCED_STEP_GROUPING", "batched")
   got = sharded()
-  for (updates, state), (want_updates, want_state) in zip(got, want, strict=True):
-    _close(updates, want_updates, atol=5e-6)
-    _close(state.moments.matrices(), want_state.moments.matrices(), atol=5e-6)
+  for run in (sharded_per_matrix, got):
+    for (updates, state), (want_updates, want_state) in zip(run, want, strict=True):
+      _close(updates, want_updates, atol=5e-6)
+      _close(_on_host(state), _on_host(want_state), atol=5e-6)
   shardings = lambda run: [x.sharding for x in jax.tree.leaves(run[-1])]  # noqa: E731
   assert shardings(got) == shardings(sharded_per_matrix)
   # The column-split matrices' updates and moments stay split, batched or not.
   assert tuple(got[-1][0]["m2"].sharding.spec) == (None, "fsdp")
-  assert tuple(got[-1][1].moments.matrices()["m2"].mu.sharding.spec) == (None, "fsdp")
+  moments = got[-1][1].moments.matrices()
+  assert tuple(moments["m2"].mu.sharding.spec) == (None, "fsdp")
+  if explicit:
+    assert tuple(moments["m0"].basis.sharding.spec)[:1] == ("fsdp",)

@@ -61,13 +61,16 @@ OPTIMIZERS = {
     init_projection="random",
     seed=3,
   ),
-  "lordo_dct": lambda: lordo_jax.lordo(
-    3e-2, rank=3, sync_every=K, axis_name=workers.AXIS, projection="dct"
-  ),
-  "diloco": lambda: lordo_jax.diloco(3e-2, sync_every=K, axis_name=workers.AXIS),
-  # A message in flight at step 6: frozen at step 4, half its chunks sent (2 of 4; 2 of 3).
-  "lordo_overlap_round_int8": lambda: lordo_jax.lordo(
-    3e-2, rank=3, sync_every=K, axis_name=workers.AXIS, overlap="round", compression="int8"
+  # DCT bases (r frequencies of a size), and a message in flight at step 6: frozen at
+  # step 4, half its chunks sent (2 of 4; 2 of 3).
+  "lordo_dct_overlap_round_int8": lambda: lordo_jax.lordo(
+    3e-2,
+    rank=3,
+    sync_every=K,
+    axis_name=workers.AXIS,
+    projection="dct",
+    overlap="round",
+    compression="int8",
   ),
   "diloco_overlap_window_offload": lambda: lordo_jax.diloco(
     3e-2,
@@ -90,6 +93,7 @@ OPTIMIZERS = {
     compression="int8",
     offload=True,
   ),
+  # One fragment: the per-fragment state is the streaming runs' above.
   "lordo_beyond": lambda: lordo_jax.lordo(
     3e-2,
     rank=3,
@@ -98,7 +102,6 @@ OPTIMIZERS = {
     two_sided=True,
     projection="randomized_svd",
     compression="int8",
-    fragments=2,
   ),
 }
 
@@ -141,16 +144,15 @@ def assert_trees_equal(actual, expected):
   scope="module",
   params=[
     "lordo",
-    "diloco",
-    "lordo_overlap_round_int8",
+    "lordo_dct_overlap_round_int8",
     "diloco_overlap_window_offload",
     "lordo_overlap_fragments_int8_offload",
   ],
 )
 def straight(request, tmp_path_factory):
-  """N steps without a stop, checkpointing (asynchronously) after each k in RESUME_AFTER;
-  and a second run built anew (a new optimizer, its own init and step: nothing shared
-  with the first) that each resume restores into.
+  """N steps without a stop, checkpointing (asynchronously) after each k in RESUME_AFTER
+  (and keeping what it saved); and a second run built anew (a new optimizer, its own
+  init and step: nothing shared with the first) that each resume restores into.
 
   The second run first takes the first run's first K + 2 steps from its own init:
   two runs rebuilt from the same seeds are bit-identical (data, and the bases of
@@ -158,6 +160,7 @@ def straight(request, tmp_path_factory):
   mid-round."""
   directory = tmp_path_factory.mktemp(f"ckpt_{request.param}")
   run, again = Run(request.param), Run(request.param)
+  saved = {}
   with checkpoint.Checkpointer(directory) as ckpt:
     for _ in range(N):
       run.step()
@@ -170,22 +173,39 @@ def straight(request, tmp_path_factory):
           assert not np.array_equal(w1[0], w1[1])
       if run.t in RESUME_AFTER.values():
         ckpt.save(run.t, run.params, run.state)
-  return request.param, directory, run, again
+        saved[run.t] = (run.params, run.state)
+  return request.param, directory, run, again, saved
+
+
+def assert_dct_bases_refreshed(state):
+  """The DCT bases of ``state`` (w1 16 x 12 on the left, w2 12 x 20 on the right) came
+  back refreshed: their frequencies are no longer the first r."""
+  bases = [
+    b
+    for b in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, lordo_jax.DCTBasis))
+    if isinstance(b, lordo_jax.DCTBasis)
+  ]
+  assert sorted(b.size for b in bases) == [16, 20]
+  assert any(not np.array_equal(jax.device_get(b.indices)[0], np.arange(3)) for b in bases)
 
 
 @pytest.mark.parametrize("when", RESUME_AFTER)
 def test_resume_is_bit_identical(straight, when):
-  name, directory, reference, resumed = straight
+  name, directory, reference, resumed, saved = straight
   k = RESUME_AFTER[when]
   params_like, state_like = resumed.fresh()
   resumed.params, resumed.state = checkpoint.restore(directory, k, params_like, state_like)
   resumed.t = k
+  assert_trees_equal(resumed.params, saved[k][0])
+  assert_trees_equal(resumed.state, saved[k][1])
   # The restored state landed where the training loop keeps it, with the loop's sharding.
   for restored, like in zip(
     jax.tree.leaves(resumed.state), jax.tree.leaves(state_like), strict=True
   ):
     assert restored.sharding == like.sharding
   assert int(jax.device_get(resumed.state.count)[0]) == k
+  if name == "lordo_dct_overlap_round_int8":
+    assert_dct_bases_refreshed(resumed.state)
   for _ in range(N - k):
     resumed.step()
   assert_trees_equal(resumed.params, reference.params)
@@ -195,28 +215,12 @@ def test_resume_is_bit_identical(straight, when):
   )
 
 
-def test_dct_state_round_trips(tmp_path):
-  run = Run("lordo_dct")
-  for _ in range(K + 2):  # past a refresh: the frequencies are no longer 0..r-1
-    run.step()
-  checkpoint.save(tmp_path, run.t, run.params, run.state)
-  params_like, state_like = Run("lordo_dct").fresh()
-  params, state = checkpoint.restore(tmp_path, run.t, params_like, state_like)
-  assert_trees_equal(params, run.params)
-  assert_trees_equal(state, run.state)
-  bases = [
-    b
-    for b in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, lordo_jax.DCTBasis))
-    if isinstance(b, lordo_jax.DCTBasis)
-  ]
-  assert sorted(b.size for b in bases) == [16, 20]  # w1 (16 x 12) left, w2 (12 x 20) right
-  assert any(not np.array_equal(jax.device_get(b.indices)[0], np.arange(3)) for b in bases)
-
-
-def test_two_sided_compressed_streamed_state_resumes_bit_identically(tmp_path):
-  """Two-sided bases, the compression residual and per-fragment state come back."""
+def test_two_sided_compressed_state_resumes_bit_identically(tmp_path):
+  """Two-sided bases and the compression residual come back, and the randomized SVD's
+  draws after the resume (keyed by the restored step count) are the straight run's.
+  (Per-fragment state: ``lordo_overlap_fragments_int8_offload`` above.)"""
   straight = Run("lordo_beyond")
-  for _ in range(K + 1):  # mid-round, after a fragment's sync
+  for _ in range(K + 1):  # mid-round, after a sync
     straight.step()
   checkpoint.save(tmp_path, straight.t, straight.params, straight.state)
   resumed = Run("lordo_beyond")
@@ -286,7 +290,7 @@ def saved_lordo(tmp_path_factory):
   directory = tmp_path_factory.mktemp("ckpt_rank3")
   tx = lordo_jax.lordo(3e-2, rank=3, sync_every=K)
   params = init_params()
-  grads = jax.grad(loss_fn)(params, (batch(0)[0][0], batch(0)[1][0]))
+  grads = jax.tree.map(lambda x: jnp.sin(3 * x), params)  # As in the per-group test below.
   _, state = jax.jit(tx.update)(grads, tx.init(params), params)
   checkpoint.save(directory, 1, params, state)
   return directory
