@@ -40,12 +40,3 @@ def enable() -> None:
   named = {flag.split("=")[0] for flag in given}
   given += [flag for flag in flags if flag.split("=")[0] not in named]
   os.environ["XLA_FLAGS"] = " ".join(given)
-
-
-def without_quick_compile(env: dict[str, str]) -> dict[str, str]:
-  """``env`` without the quick compile: for a process that compiles the program a user
-  gets (a GPU program's launches and schedule)."""
-  env = {name: value for name, value in env.items() if name != SWITCH}
-  flags = [flag for flag in env.get("XLA_FLAGS", "").split() if flag not in JAXLIB_0_10_FLAGS]
-  env["XLA_FLAGS"] = " ".join(flags)
-  return env
