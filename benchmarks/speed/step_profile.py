@@ -55,6 +55,9 @@ from lordo_jax.local import _shape_groups as shape_groups  # noqa: E402
 
 SECTIONS = ("optimizer", "lm")
 STEPS = 8  # Local steps traced per candidate (K = 16: none of them a sync).
+# Quick mode: device_speed.py's quick settings at 2 layers, so each of GPT-2's four matrix
+# shapes has 2 matrices for a step batched by shape to group.
+QUICK = dict(speed.QUICK, shapes=speed.table.gpt2_shapes(2, 64, vocab=512, context=128))
 TOP = 25  # Operations listed per candidate.
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (\S+(?: \S+)*?) ([\w\-]+)\(")
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
@@ -296,7 +299,7 @@ def markdown(record: dict) -> list[str]:
 
 def main(argv=None) -> int:
   args = parse_args(argv)
-  settings = speed.QUICK if args.quick else speed.FULL
+  settings = QUICK if args.quick else speed.FULL
   (args.out / "hlo").mkdir(parents=True, exist_ok=True)
   build = {"optimizer": optimizer_candidates, "lm": lm_candidates}
   profiles = []
