@@ -11,7 +11,8 @@ LoRDO, both ways; and LoRDO with ``round_phase`` grouped the other way: per matr
 the platform batches its local step by shape (an accelerator), batched on a CPU), it
 compiles the step, runs one
 round of K steps, times a second, then records ``--steps`` local steps (at most
-K - 1, none of them a sync) under
+K - 1, none of them a sync; with ``--quick``, 2 layers of d = 64 and K = 4: the first
+step, one timed local step and the next local step traced, no round's end) under
 ``jax.profiler.trace`` and reads the trace with ``jax.profiler.ProfileData``: every
 event that carries an ``hlo_op`` (a GPU kernel, a CPU thunk) of the step's module.
 
@@ -223,15 +224,28 @@ def traced_events(run, steps: int) -> list[tuple[str, str, float, str]]:
   return events
 
 
-def profile_of(name: str, candidate: speed.Candidate, steps: int, hlo_dir) -> dict:
+def profile_of(
+  name: str, candidate: speed.Candidate, steps: int, hlo_dir, quick: bool = False
+) -> dict:
   """One candidate: a warm-up round, untraced local steps timed, then ``steps`` traced
-  (at most K - 1: the local steps after a sync)."""
+  (at most K - 1: the local steps after a sync). ``quick``: the first step (the first
+  basis) untimed, the second (a local step) timed, then the local steps before the
+  round's end traced (at most K - 3): no round's end runs, so a candidate compiled
+  with ``round_phase`` never compiles its boundary program."""
   timed = candidate.timed
-  steps = min(steps, timed.calls - 1)
-  timed.round(record=False)  # Steps 1..K: the first basis and the first sync.
-  timed.round(record=True)  # Steps K+1..2K: the timed local steps.
+  if quick:
+    steps = min(steps, timed.calls - 3)
+    calls, timed.calls = timed.calls, 1
+    timed.round(record=False)  # Step 1: the first basis.
+    timed.round(record=True)  # Step 2: a timed local step.
+    timed.calls = calls
+    assert steps > 0 and set(timed.seconds) == {"local"}, (name, set(timed.seconds))
+  else:
+    steps = min(steps, timed.calls - 1)
+    timed.round(record=False)  # Steps 1..K: the first basis and the first sync.
+    timed.round(record=True)  # Steps K+1..2K: the timed local steps.
   wall = timed.ms("local")
-  # The next steps are 2K+1, ...: local while steps < K.
+  # The next steps are local while steps < K - 2 (quick) or K (2K+1, ...).
   prepare, call = timed.prepare, timed.call
   run = lambda: jax.block_until_ready(call(*jax.block_until_ready(prepare())))  # noqa: E731
   events = traced_events(run, steps)
@@ -306,7 +320,7 @@ def main(argv=None) -> int:
   for section in args.sections:
     for name, candidate in build[section](args, settings).items():
       start = time.perf_counter()
-      profiles.append(profile_of(name, candidate, args.steps, args.out / "hlo"))
+      profiles.append(profile_of(name, candidate, args.steps, args.out / "hlo", args.quick))
       profiles[-1]["seconds"] = time.perf_counter() - start
       print(
         f"{name}: wall {profiles[-1]['wall_ms']:.3f} ms, kernels {profiles[-1]['kernel_ms']:.3f} "
