@@ -1,7 +1,7 @@
 r"""LoRDO's speed on the device JAX runs on: the optimizer step alone and the LM's whole step.
 
     python benchmarks/speed/device_speed.py           # GPT-2 small's shapes; the LM at --lm
-    python benchmarks/speed/device_speed.py --quick   # tiny shapes, the LM's tiny preset: 1-2 min
+    python benchmarks/speed/device_speed.py --quick   # tiny shapes, the LM's tiny preset: ~1 min
                                                       # (the round-phase rows in the first dtype)
     PYTHONPATH=. python benchmarks/speed/device_speed.py --sections optimizer,lm \
       --dtypes float32,bfloat16 --out DIR       # on a GPU (jax, optax and flax suffice)
@@ -115,7 +115,8 @@ LM_LEARNING_RATE = 2e-3
 LM_BATCH = 16  # Windows per step.
 GPT2_LM = model.ModelConfig(d_model=768, num_layers=12, num_heads=12, seq_len=512)
 FULL = dict(shapes=table.gpt2_small_shapes(), rank=table.RANK, period=table.K)
-QUICK = dict(shapes=table.gpt2_shapes(2, 64, vocab=512, context=128), rank=16, period=4)
+# Quick mode: one layer of d = 64 (GPT-2's four matrix shapes, one matrix each).
+QUICK = dict(shapes=table.gpt2_shapes(1, 64, vocab=512, context=128), rank=16, period=4)
 QUICK_REPEATS = 1
 # LoRDO's default and the exact one; quick mode's LoRDO rows take the first only.
 QUICK_PROJECTIONS = ("subspace_iteration", "svd")
@@ -711,7 +712,7 @@ def settings_of(args, settings: dict) -> dict:
     "repeats": args.repeats,
     "sync_every": settings["period"],
     "rank": settings["rank"],
-    "optimizer_shapes": "tiny GPT-2 (2 layers, d = 64)" if args.quick else "GPT-2 small",
+    "optimizer_shapes": "tiny GPT-2 (1 layer, d = 64)" if args.quick else "GPT-2 small",
     "optimizer_params": sum(x.size for x in jax.tree.leaves(settings["shapes"])),
     "projections": args.projections,
     "lordo_projections": args.lordo_projections,

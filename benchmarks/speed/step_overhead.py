@@ -1,7 +1,7 @@
 r"""Whole training-step time of LoRDO against DDP-AdamW on the example LM (CPU).
 
     python benchmarks/speed/step_overhead.py           # the tiny and small presets
-    python benchmarks/speed/step_overhead.py --quick   # tiny preset, 2 rounds: under a minute
+    python benchmarks/speed/step_overhead.py --quick   # tiny preset, K = 4, 1 round: seconds
 
 What is timed: the jitted training step of ``examples/lm`` (``train.make_step``:
 forward, backward, ``tx.update``, ``optax.apply_updates`` under ``jax.shard_map``,
@@ -16,8 +16,8 @@ d/4; embeddings and head on the full-rank path):
 * ``lordo``: K - 1 local steps (no message), then a sync step (pseudo-gradient and
   moments all-reduced, SVD refresh of every basis).
 
-How: each method runs rounds of K = 16 consecutive steps on fresh batches, each
-step followed by ``jax.block_until_ready`` and timed with ``time.perf_counter``
+How: each method runs rounds of K = 16 (4 with ``--quick``) consecutive steps on fresh
+batches, each step followed by ``jax.block_until_ready`` and timed with ``time.perf_counter``
 (the batch is made and placed on the devices before the timer starts: it is the
 same for all methods). The first round is warm-up (compilation, LoRDO's initial
 projection). Then the methods take turns round by round, so that the load of other
@@ -61,26 +61,28 @@ from lm import model  # noqa: E402
 from lm import optimizers  # noqa: E402
 from lm import train  # noqa: E402
 
-K = 16  # LoRDO's sync_every and low-rank DDP's refresh_every.
+K = 16  # LoRDO's sync_every and low-rank DDP's refresh_every; QUICK's is 4.
 METHODS = ("ddp", "low_rank_ddp", "lordo")
 WORKERS = 8
 BATCH = 8  # Windows per worker per step.
 LEARNING_RATE = 2e-3
-FULL = dict(presets=("tiny", "small"), repeats=6)
-QUICK = dict(presets=("tiny",), repeats=2)
+FULL = dict(presets=("tiny", "small"), repeats=6, period=K)
+# Quick mode checks the wiring: rounds of 4 steps (3 local, 1 sync), one timed.
+QUICK = dict(presets=("tiny",), repeats=1, period=4)
 
 
-def kind_of(method: str):
+def kind_of(method: str, period: int = K):
   """Which steps of ``method`` communicate (or refresh): its 'sync' steps."""
   if method == "lordo":
-    return lambda t: "sync" if t % K == 0 else "local"
+    return lambda t: "sync" if t % period == 0 else "local"
   if method == "low_rank_ddp":
-    return lambda t: "sync" if t % K == 1 else "local"
+    return lambda t: "sync" if t % period == 1 else "local"
   return lambda t: "local"
 
 
-def training_step(method: str, preset: str, dataset: data.Dataset) -> Timed:
-  """``method``'s training step on ``preset``, as ``examples/lm`` runs it."""
+def training_step(method: str, preset: str, dataset: data.Dataset, period: int = K) -> Timed:
+  """``method``'s training step on ``preset``, as ``examples/lm`` runs it, its rounds
+  ``period`` (LoRDO's sync_every, low-rank DDP's refresh_every) steps long."""
   config = model.PRESETS[preset]
   apply, params = model.init(config, seed=0)
   tx = optimizers.get_optimizer(
@@ -88,8 +90,8 @@ def training_step(method: str, preset: str, dataset: data.Dataset) -> Timed:
     learning_rate=LEARNING_RATE,
     axis_name=train.AXIS,
     rank=config.d_model // 4,
-    sync_every=K,
-    refresh_every=K,
+    sync_every=period,
+    refresh_every=period,
   )
   mesh = train.make_mesh(WORKERS)
   workers = NamedSharding(mesh, P(train.AXIS))
@@ -106,10 +108,10 @@ def training_step(method: str, preset: str, dataset: data.Dataset) -> Timed:
   def prepare():  # The next batch, on the devices before the timer starts.
     return (jax.device_put(batches(), batch_sharding),)
 
-  return Timed(call, K, kind_of(method), prepare)
+  return Timed(call, period, kind_of(method, period), prepare)
 
 
-def measure(presets, repeats: int) -> list[dict]:
+def measure(presets, repeats: int, period: int = K) -> list[dict]:
   raw, name = data.load_text()
   timed = {}
   for preset in presets:
@@ -118,7 +120,7 @@ def measure(presets, repeats: int) -> list[dict]:
       raw, num_workers=WORKERS, seq_len=config.seq_len, batch_size=BATCH, name=name
     )
     for method in METHODS:
-      timed[preset, method] = training_step(method, preset, dataset)
+      timed[preset, method] = training_step(method, preset, dataset, period)
   studies.interleave(list(timed.values()), repeats)
   rows = []
   for preset in presets:
@@ -127,7 +129,7 @@ def measure(presets, repeats: int) -> list[dict]:
       t = timed[preset, method]
       local = t.ms()
       sync = t.ms("sync") if t.seconds["sync"] else local
-      ms = {"local": local, "sync": sync, "amortised": studies.amortised(local, sync, K)}
+      ms = {"local": local, "sync": sync, "amortised": studies.amortised(local, sync, period)}
       rows.append(
         {
           "preset": preset,
@@ -163,15 +165,15 @@ def markdown(rows: list[dict]) -> list[str]:
 
 
 def main(argv=None) -> int:
-  args = studies.parse_args(__doc__, "the tiny preset only, 2 rounds (under a minute)", argv)
+  args = studies.parse_args(__doc__, "the tiny preset only, K = 4, 1 round (seconds)", argv)
   settings = QUICK if args.quick else FULL
   start = time.perf_counter()
   rows = measure(**settings)
   shapes = {p: model.PRESETS[p] for p in settings["presets"]}
   notes = [
     f"Milliseconds per training step, medians over {settings['repeats']} interleaved "
-    f"rounds of K = {K} steps after one warm-up round; {WORKERS} workers on {DEVICES} "
-    f"simulated CPU devices, {BATCH} windows per worker per step, float32.",
+    f"rounds of K = {settings['period']} steps after one warm-up round; {WORKERS} workers "
+    f"on {DEVICES} simulated CPU devices, {BATCH} windows per worker per step, float32.",
     "Presets: "
     + "; ".join(
       f"{p} (d = {c.d_model}, {c.num_layers} layer(s), context {c.seq_len}, rank {c.d_model // 4})"
@@ -189,7 +191,7 @@ def main(argv=None) -> int:
     "settings": {
       "presets": list(settings["presets"]),
       "methods": list(METHODS),
-      "sync_every": K,
+      "sync_every": settings["period"],
       "workers": WORKERS,
       "devices": DEVICES,
       "batch_per_worker": BATCH,

@@ -11,7 +11,8 @@ LoRDO, both ways; and LoRDO with ``round_phase`` grouped the other way: per matr
 the platform batches its local step by shape (an accelerator), batched on a CPU), it
 compiles the step, runs one
 round of K steps, times a second, then records ``--steps`` local steps (at most
-K - 1, none of them a sync) under
+K - 1, none of them a sync; with ``--quick``, 2 layers of d = 64 and K = 4: the first
+step, one timed local step and the next local step traced, no round's end) under
 ``jax.profiler.trace`` and reads the trace with ``jax.profiler.ProfileData``: every
 event that carries an ``hlo_op`` (a GPU kernel, a CPU thunk) of the step's module.
 
@@ -55,6 +56,9 @@ from lordo_jax.local import _shape_groups as shape_groups  # noqa: E402
 
 SECTIONS = ("optimizer", "lm")
 STEPS = 8  # Local steps traced per candidate (K = 16: none of them a sync).
+# Quick mode: device_speed.py's quick settings at 2 layers, so each of GPT-2's four matrix
+# shapes has 2 matrices for a step batched by shape to group.
+QUICK = dict(speed.QUICK, shapes=speed.table.gpt2_shapes(2, 64, vocab=512, context=128))
 TOP = 25  # Operations listed per candidate.
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (\S+(?: \S+)*?) ([\w\-]+)\(")
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
@@ -102,15 +106,20 @@ def _other_grouping():
     shape_groups.FORCED_STEP_GROUPING = saved
 
 
-def regrouped(make) -> speed.Candidate:
+def regrouped(make, quick: bool = False) -> speed.Candidate:
   """The candidate ``make()`` builds, every program of it (those compiled at its first
-  use too) traced with the other grouping."""
+  use too) traced with the other grouping. ``quick``: all but its first step's (the
+  first basis, never profiled), which is then the program the ``round_phase``
+  candidate's first step compiled (a hit in a persistent compilation cache)."""
   with _other_grouping():
     candidate = make()
   timed = candidate.timed
-  call = timed.call
+  call, calls = timed.call, [0]
 
   def call_regrouped(*args):
+    calls[0] += 1
+    if quick and calls[0] == 1:
+      return call(*args)
     with _other_grouping():
       return call(*args)
 
@@ -145,7 +154,7 @@ def optimizer_candidates(args, settings) -> dict[str, speed.Candidate]:
     make = lambda tx=tx, kind=kind, phased=phased: speed.optimizer_step(  # noqa: E731
       tx, params, grads, period, kind, phased=phased
     )
-    candidates[name] = regrouped(make) if name == REGROUPED else make()
+    candidates[name] = regrouped(make, args.quick) if name == REGROUPED else make()
   return candidates
 
 
@@ -162,7 +171,7 @@ def lm_candidates(args, settings) -> dict[str, speed.Candidate]:
   period = settings["period"]
   step = lambda method: speed.lm_step(method, None, config, apply, params, dataset, period)  # noqa: E731
   candidates = {f"lm {method}": step(method) for method in ("ddp", "lordo", speed.PHASED)}
-  candidates[f"lm {REGROUPED}"] = regrouped(lambda: step(speed.PHASED))
+  candidates[f"lm {REGROUPED}"] = regrouped(lambda: step(speed.PHASED), args.quick)
   return candidates
 
 
@@ -220,15 +229,28 @@ def traced_events(run, steps: int) -> list[tuple[str, str, float, str]]:
   return events
 
 
-def profile_of(name: str, candidate: speed.Candidate, steps: int, hlo_dir) -> dict:
+def profile_of(
+  name: str, candidate: speed.Candidate, steps: int, hlo_dir, quick: bool = False
+) -> dict:
   """One candidate: a warm-up round, untraced local steps timed, then ``steps`` traced
-  (at most K - 1: the local steps after a sync)."""
+  (at most K - 1: the local steps after a sync). ``quick``: the first step (the first
+  basis) untimed, the second (a local step) timed, then the local steps before the
+  round's end traced (at most K - 3): no round's end runs, so a candidate compiled
+  with ``round_phase`` never compiles its boundary program."""
   timed = candidate.timed
-  steps = min(steps, timed.calls - 1)
-  timed.round(record=False)  # Steps 1..K: the first basis and the first sync.
-  timed.round(record=True)  # Steps K+1..2K: the timed local steps.
+  if quick:
+    steps = min(steps, timed.calls - 3)
+    calls, timed.calls = timed.calls, 1
+    timed.round(record=False)  # Step 1: the first basis.
+    timed.round(record=True)  # Step 2: a timed local step.
+    timed.calls = calls
+    assert steps > 0 and set(timed.seconds) == {"local"}, (name, set(timed.seconds))
+  else:
+    steps = min(steps, timed.calls - 1)
+    timed.round(record=False)  # Steps 1..K: the first basis and the first sync.
+    timed.round(record=True)  # Steps K+1..2K: the timed local steps.
   wall = timed.ms("local")
-  # The next steps are 2K+1, ...: local while steps < K.
+  # The next steps are local while steps < K - 2 (quick) or K (2K+1, ...).
   prepare, call = timed.prepare, timed.call
   run = lambda: jax.block_until_ready(call(*jax.block_until_ready(prepare())))  # noqa: E731
   events = traced_events(run, steps)
@@ -296,14 +318,14 @@ def markdown(record: dict) -> list[str]:
 
 def main(argv=None) -> int:
   args = parse_args(argv)
-  settings = speed.QUICK if args.quick else speed.FULL
+  settings = QUICK if args.quick else speed.FULL
   (args.out / "hlo").mkdir(parents=True, exist_ok=True)
   build = {"optimizer": optimizer_candidates, "lm": lm_candidates}
   profiles = []
   for section in args.sections:
     for name, candidate in build[section](args, settings).items():
       start = time.perf_counter()
-      profiles.append(profile_of(name, candidate, args.steps, args.out / "hlo"))
+      profiles.append(profile_of(name, candidate, args.steps, args.out / "hlo", args.quick))
       profiles[-1]["seconds"] = time.perf_counter() - start
       print(
         f"{name}: wall {profiles[-1]['wall_ms']:.3f} ms, kernels {profiles[-1]['kernel_ms']:.3f} "

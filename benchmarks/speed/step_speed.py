@@ -1,7 +1,7 @@
 r"""Speed of one optimizer step on CPU: LoRDO against AdamW, GaLore and its own floor.
 
     python benchmarks/speed/step_speed.py           # 768 x 768 and 768 x 3072, r = 64 and 128
-    python benchmarks/speed/step_speed.py --quick   # 768 x 768, r = 64, 2 rounds: under a minute
+    python benchmarks/speed/step_speed.py --quick   # 256 x 256, r = 32, K = 4, 1 round: seconds
 
 What is timed, for each GPT-2 small layer shape (768 x 768, the attention output
 projection, projected on the left; 768 x 3072, the MLP's first matrix, projected on
@@ -24,9 +24,9 @@ optimizer, params and state donated as in a training loop, one worker
 * the refresh alone: ``lordo_jax.compute_projection`` of the oriented matrix, to
   show how much of the sync step the projection method is.
 
-How: each candidate runs a round of K consecutive calls, each followed by
-``jax.block_until_ready`` and timed with ``time.perf_counter``; the step count says
-which kind a step is (LoRDO syncs at t = K, 2K, ...; GaLore refreshes at
+How: each candidate runs a round of K consecutive calls (K = 16; 4 with ``--quick``),
+each followed by ``jax.block_until_ready`` and timed with ``time.perf_counter``; the step
+count says which kind a step is (LoRDO syncs at t = K, 2K, ...; GaLore refreshes at
 t = 1, K + 1, ...). The first round of every candidate is warm-up (compilation,
 LoRDO's initial projection) and is not counted. Then ``repeats`` rounds, the
 candidates interleaved round by round in a rotating order, so that the load of other
@@ -86,16 +86,19 @@ K = 16  # LoRDO's sync_every and GaLore's update_proj_gap.
 LEARNING_RATE = 1e-3
 WEIGHT_DECAY = 1e-4  # optax.adamw's default, given to all three optimizers.
 FULL_REPEATS = 9
-QUICK = dict(shapes=SHAPES[:1], ranks=RANKS[:1], repeats=2)
+# Quick mode checks the wiring: one square (left-projected) shape, rounds of 4 steps.
+QUICK = dict(shapes=((256, 256),), ranks=(32,), repeats=1, period=4)
 GOAL_FLOOR = 1.2
 
 
-def lordo_kind(t: int) -> str:
-  return "sync" if t % K == 0 else "local"
+def lordo_kind(period: int = K) -> Callable[[int], str]:
+  """LoRDO's step t (from 1) syncs at t = K, 2K, ...."""
+  return lambda t: "sync" if t % period == 0 else "local"
 
 
-def galore_kind(t: int) -> str:
-  return "sync" if t % K == 1 else "local"
+def galore_kind(period: int = K) -> Callable[[int], str]:
+  """GaLore's step t (from 1) refreshes at t = 1, K + 1, ...."""
+  return lambda t: "sync" if t % period == 1 else "local"
 
 
 def training_step(tx, shape) -> Callable:
@@ -160,38 +163,41 @@ def low_rank_step(rank, method) -> optax.GradientTransformation:
   )
 
 
-def candidates(shapes, ranks) -> dict[tuple, Timed]:
-  """Every timed function, keyed by (what, shape, rank, method)."""
+def candidates(shapes, ranks, period: int = K) -> dict[tuple, Timed]:
+  """Every timed function, keyed by (what, shape, rank, method); rounds of ``period``
+  calls (LoRDO's sync_every, GaLore's update_proj_gap)."""
   out = {}
   for shape in shapes:
     adamw = optax.adamw(LEARNING_RATE, weight_decay=WEIGHT_DECAY)
-    out["adamw", shape, None, None] = Timed(training_step(adamw, shape), K)
+    out["adamw", shape, None, None] = Timed(training_step(adamw, shape), period)
     for rank in ranks:
       galore = optax.contrib.galore(
-        LEARNING_RATE, rank=rank, update_proj_gap=K, weight_decay=WEIGHT_DECAY
+        LEARNING_RATE, rank=rank, update_proj_gap=period, weight_decay=WEIGHT_DECAY
       )
-      out["galore", shape, rank, None] = Timed(training_step(galore, shape), K, galore_kind)
-      out["products", shape, rank, None] = Timed(products(shape, rank), K)
+      galore_step = training_step(galore, shape)
+      out["galore", shape, rank, None] = Timed(galore_step, period, galore_kind(period))
+      out["products", shape, rank, None] = Timed(products(shape, rank), period)
       for method in METHODS:
         lordo = lordo_jax.lordo(
           LEARNING_RATE,
           rank=rank,
-          sync_every=K,
+          sync_every=period,
           projection=method,
           weight_decay=WEIGHT_DECAY,
         )
-        out["lordo", shape, rank, method] = Timed(training_step(lordo, shape), K, lordo_kind)
+        lordo_step = training_step(lordo, shape)
+        out["lordo", shape, rank, method] = Timed(lordo_step, period, lordo_kind(period))
         out["low_rank", shape, rank, method] = Timed(
-          training_step(low_rank_step(rank, method), shape), K
+          training_step(low_rank_step(rank, method), shape), period
         )
         out["refresh", shape, rank, method] = Timed(refresh(shape, rank, method), 1)
   return out
 
 
-def measure(shapes, ranks, repeats: int) -> list[dict]:
-  """Runs every candidate (warm-up, then ``repeats`` interleaved rounds); one row per
-  (shape, rank, method)."""
-  timed = candidates(shapes, ranks)
+def measure(shapes, ranks, repeats: int, period: int = K) -> list[dict]:
+  """Runs every candidate (warm-up, then ``repeats`` interleaved rounds of ``period``
+  calls); one row per (shape, rank, method)."""
+  timed = candidates(shapes, ranks, period)
   studies.interleave(list(timed.values()), repeats)
   rows = []
   for shape in shapes:
@@ -200,7 +206,7 @@ def measure(shapes, ranks, repeats: int) -> list[dict]:
       galore = timed["galore", shape, rank, None]
       floor = adamw + timed["products", shape, rank, None].ms()
       galore_ms = {"local": galore.ms(), "refresh": galore.ms("sync")}
-      galore_ms["amortised"] = studies.amortised(galore_ms["local"], galore_ms["refresh"], K)
+      galore_ms["amortised"] = studies.amortised(galore_ms["local"], galore_ms["refresh"], period)
       for method in METHODS:
         lordo = timed["lordo", shape, rank, method]
         ms = {
@@ -215,7 +221,7 @@ def measure(shapes, ranks, repeats: int) -> list[dict]:
           "low_rank_alone": timed["low_rank", shape, rank, method].ms(),
           "refresh_alone": timed["refresh", shape, rank, method].ms(),
         }
-        ms["lordo_amortised"] = studies.amortised(ms["lordo_local"], ms["lordo_sync"], K)
+        ms["lordo_amortised"] = studies.amortised(ms["lordo_local"], ms["lordo_sync"], period)
         ratios = {
           "amortised_vs_floor": ms["lordo_amortised"] / floor,
           "amortised_vs_galore": ms["lordo_amortised"] / ms["galore_amortised"],
@@ -288,18 +294,21 @@ def markdown(rows: list[dict]) -> list[str]:
 
 
 def main(argv=None) -> int:
-  args = studies.parse_args(__doc__, "768 x 768 at r = 64 only, 2 rounds (under a minute)", argv)
-  settings = QUICK if args.quick else dict(shapes=SHAPES, ranks=RANKS, repeats=FULL_REPEATS)
+  quick_help = "256 x 256 at r = 32 only, K = 4, 1 round (seconds)"
+  args = studies.parse_args(__doc__, quick_help, argv)
+  full = dict(shapes=SHAPES, ranks=RANKS, repeats=FULL_REPEATS, period=K)
+  settings = QUICK if args.quick else full
+  k = settings["period"]
   start = time.perf_counter()
   rows = measure(**settings)
   held = {goal: sum(r["goals"][goal] for r in rows) for goal in rows[0]["goals"]}
   notes = [
     f"Milliseconds per step, medians over {settings['repeats']} interleaved rounds of "
-    f"K = {K} steps (K - 1 local steps and 1 sync step per round), after one warm-up "
+    f"K = {k} steps (K - 1 local steps and 1 sync step per round), after one warm-up "
     "round; float32, one worker (axis_name=None), params and state donated.",
     "floor = AdamW step + the bare products Q^T G and Q X of the same shapes "
     "(plain jnp, same run). amortised = ((K - 1) local + sync) / K; GaLore's with "
-    f"its refresh step (update_proj_gap = K = {K}). 'low-rank step alone' is "
+    f"its refresh step (update_proj_gap = K = {k}). 'low-rank step alone' is "
     "scale_by_low_rank_adam + weight decay + learning rate without synchronize (the "
     "same local step); 'refresh alone' is lordo_jax.compute_projection of the "
     "oriented matrix.",
@@ -326,7 +335,7 @@ def main(argv=None) -> int:
       "shapes": [list(s) for s in settings["shapes"]],
       "ranks": list(settings["ranks"]),
       "methods": list(METHODS),
-      "sync_every": K,
+      "sync_every": k,
       "repeats": settings["repeats"],
       "learning_rate": LEARNING_RATE,
       "weight_decay": WEIGHT_DECAY,

@@ -43,11 +43,22 @@ METHODS = {
   "lordo_two_sided": lambda: lordo_jax.lordo(
     1e-2, rank=2, sync_every=2, axis_name=AXIS, two_sided=True
   ),
+  # The randomized SVDs with no power iteration (the default has one, which repeats the
+  # sketch's products and orthonormalisation the other way round, at about twice the
+  # program): FSDP's layout makes the one-sided sketches whole (their inner dimension is
+  # the split one), the split-basis layout splits them by rows (Cholesky-QR); the
+  # two-sided one sketches a matrix of each kind in either layout.
   "lordo_randomized_svd": lambda: lordo_jax.lordo(
-    1e-2, rank=2, sync_every=2, axis_name=AXIS, two_sided=True, projection="randomized_svd"
+    1e-2,
+    rank=2,
+    sync_every=2,
+    axis_name=AXIS,
+    two_sided=True,
+    projection="randomized_svd",
+    power_iterations=0,
   ),
   "lordo_one_sided_randomized_svd": lambda: lordo_jax.lordo(
-    1e-2, rank=2, sync_every=2, axis_name=AXIS, projection="randomized_svd"
+    1e-2, rank=2, sync_every=2, axis_name=AXIS, projection="randomized_svd", power_iterations=0
   ),
   "ddp": lambda: lordo_jax.ddp(1e-2, axis_name=AXIS),
   "low_rank_ddp": lambda: lordo_jax.low_rank_ddp(1e-2, rank=2, refresh_every=3, axis_name=AXIS),
@@ -55,28 +66,38 @@ METHODS = {
     1e-2, rank=2, refresh_every=3, axis_name=AXIS, communicate="projected"
   ),
   "diloco": lambda: lordo_jax.diloco(1e-2, sync_every=2, axis_name=AXIS),
+  # The variants of the sync below refresh their bases by SVD, the smallest program:
+  # each worker refreshes from the synced mean (no message of its own), the same
+  # whatever the sync; every refresh's sharded path runs in the cases above and in
+  # the tensor-parallel, split-basis and products-only tests.
   "lordo_int8": lambda: lordo_jax.lordo(
-    1e-2, rank=2, sync_every=2, axis_name=AXIS, compression="int8"
+    1e-2, rank=2, sync_every=2, axis_name=AXIS, projection="svd", compression="int8"
   ),
   "lordo_streaming": lambda: lordo_jax.lordo(
-    1e-2, rank=2, sync_every=2, axis_name=AXIS, fragments=2
+    1e-2, rank=2, sync_every=2, axis_name=AXIS, projection="svd", fragments=2
   ),
   "lordo_fault_tolerant": lambda: lordo_jax.lordo(
-    1e-2, rank=2, sync_every=2, axis_name=AXIS, fault_tolerant=True
+    1e-2, rank=2, sync_every=2, axis_name=AXIS, projection="svd", fault_tolerant=True
   ),
   # A message in flight: the first lands at step 4 (a round late) or 3 + 1 (tau = 1).
   "diloco_overlap_round": lambda: lordo_jax.diloco(
     1e-2, sync_every=2, axis_name=AXIS, overlap="round"
   ),
   "lordo_overlap_round_int8": lambda: lordo_jax.lordo(
-    1e-2, rank=2, sync_every=2, axis_name=AXIS, overlap="round", compression="int8"
+    1e-2,
+    rank=2,
+    sync_every=2,
+    axis_name=AXIS,
+    projection="svd",
+    overlap="round",
+    compression="int8",
   ),
   "lordo_overlap_window": lambda: lordo_jax.lordo(
-    1e-2, rank=2, sync_every=3, axis_name=AXIS, overlap=1
+    1e-2, rank=2, sync_every=3, axis_name=AXIS, projection="svd", overlap=1
   ),
   # Two fragments frozen at steps 2 and 4 (K = 4); the first lands at step 3.
   "lordo_overlap_fragments": lambda: lordo_jax.lordo(
-    1e-2, rank=2, sync_every=4, axis_name=AXIS, overlap=1, fragments=2
+    1e-2, rank=2, sync_every=4, axis_name=AXIS, projection="svd", overlap=1, fragments=2
   ),
 }
 # int8 rounding is discontinuous: the 1e-7 differences of a sharded local step (sums
@@ -141,15 +162,15 @@ def _gradient(mesh):
 
 @functools.cache
 def programs(method: str, mesh, layout: str):
-  """``method``'s jitted ``init`` and optimizer step on ``mesh``, params placed by
-  ``LAYOUTS[layout]``: ``step(grads, state, params)`` is ``update`` then
-  ``apply_updates``, the program whose compiled HLO
-  ``test_a_products_only_refresh_never_gathers_a_matrix`` reads (compiled once)."""
+  """``method``'s jitted ``init`` and compiled optimizer step on ``mesh``, params placed
+  by ``LAYOUTS[layout]``, and the step's entry parameters that hold its gradients and
+  parameters (:func:`compiled_step`). The step, ``step(grads, state, params)``, is
+  ``update`` then ``apply_updates``: compiled once, it trains (:func:`run`) and its HLO
+  is what ``test_a_products_only_refresh_never_gathers_a_matrix`` and the overlap test
+  read."""
   tx = {**METHODS, **PRODUCTS_ONLY}[method]()
-  return (
-    jax.jit(_manual(mesh)(_one_worker(tx.init))),
-    jax.jit(_manual(mesh)(_one_worker(_optimizer_step(tx)))),
-  )
+  init = jax.jit(_manual(mesh)(_one_worker(tx.init)))
+  return init, *compiled_step(_optimizer_step(tx), init, mesh, LAYOUTS[layout])
 
 
 def _optimizer_step(tx, phase=None, optimizer: bool = True):
@@ -185,7 +206,7 @@ def run(method: str, mesh, layout: str, host: bool = True):
   on the host, or both as they lie on the devices (``host=False``).
   """
   specs = LAYOUTS[layout]
-  init, step = programs(method, mesh, layout)
+  init, step, _, _ = programs(method, mesh, layout)
   params = _placed(mesh, specs)
   state = init(params)
   shardings = jax.tree.map(lambda a: a.sharding, params)
@@ -254,7 +275,8 @@ def test_four_workers_times_two_way_fsdp_match_the_unsharded_run(method, axis_ty
 @pytest.mark.parametrize(
   "method, axis_type",
   [
-    ("lordo_svd", AxisType.Explicit),
+    # Subspace iteration's first basis is an exact SVD (``bases/subspace_iteration.py``),
+    # the SVD refresh's: this case runs both on the tensor-parallel matrices.
     ("lordo_subspace_iteration", AxisType.Explicit),
     ("lordo_two_sided", AxisType.Auto),
     ("low_rank_ddp", AxisType.Auto),
@@ -342,23 +364,48 @@ def test_the_gather_finder_sees_a_gather():
 
 
 def compiled_step(step, init, mesh, specs):
-  """The compiled HLO of the jitted worker ``step`` (``(grads, state, params)``, the
-  gradients placed like the params) on ``mesh``, the state made by the jitted ``init``;
-  and its entry parameters that hold the step's gradients and parameters."""
+  """The worker ``step`` (``(grads, state, params)``, the gradients placed like the
+  params) jitted on ``mesh`` and compiled, the state made by the jitted ``init``; its HLO;
+  and its entry parameters that hold the step's gradients and parameters.
+
+  With ``Auto`` axes the compiler picks the layout of the state the step returns, which
+  need not be ``init``'s: the step would be compiled again for the state it returns.
+  There the state comes out laid out as it came in (``out_shardings``; a layout, the
+  same numbers), so that one program runs every step. The params' layout stays the
+  compiler's (:func:`run` checks it)."""
   params = _placed(mesh, specs)
   state = init(params)
-  text = step.lower(params, state, params).compile().as_text()
+  out_shardings = None
+  if AxisType.Auto in mesh.axis_types:
+    out_shardings = (None, jax.tree.map(lambda a: a.sharding, state))
+  step = jax.jit(_manual(mesh)(_one_worker(step)), out_shardings=out_shardings)
+  compiled = step.lower(params, state, params).compile()
   n_params, n_state = len(jax.tree.leaves(params)), len(jax.tree.leaves(state))
   computed = set(range(n_params)) | set(range(n_params + n_state, 2 * n_params + n_state))
-  return text, computed
+  return compiled, compiled.as_text(), computed
 
 
 def compiled_optimizer_step(tx, mesh, specs, *, phase=None, optimizer: bool = True):
-  """:func:`compiled_step` of ``tx`` alone on ``mesh`` (``update`` at
-  ``overlap_phase=phase``, then ``apply_updates``; ``optimizer=False``: a step that
-  returns its inputs, to see what the ``shard_map`` boundary itself adds)."""
-  step = jax.jit(_manual(mesh)(_one_worker(_optimizer_step(tx, phase, optimizer))))
-  return compiled_step(step, jax.jit(_manual(mesh)(_one_worker(tx.init))), mesh, specs)
+  """:func:`compiled_step`'s HLO and entry parameters of ``tx`` alone on ``mesh``
+  (``update`` at ``overlap_phase=phase``, then ``apply_updates``; ``optimizer=False``: a
+  step that returns its inputs, to see what the ``shard_map`` boundary itself adds)."""
+  init = jax.jit(_manual(mesh)(_one_worker(tx.init)))
+  return compiled_step(_optimizer_step(tx, phase, optimizer), init, mesh, specs)[1:]
+
+
+# The products-only refreshes each layout's test reads. A two-sided basis spans both
+# dimensions of its matrix, and its range finder sketches every matrix on the left: the
+# matrix split by rows gives a split sketch (Cholesky-QR), the one split by columns a
+# whole sketch and a split core. FSDP splits ``up`` by rows and ``down`` by columns, the
+# split-basis layout the other way round: the same paths in both, read on FSDP's.
+PRODUCTS_ONLY_READ = {
+  "fsdp": (
+    "lordo_subspace_iteration_random",
+    "lordo_one_sided_randomized_svd",
+    "lordo_randomized_svd",
+  ),
+  "basis_split": ("lordo_subspace_iteration_random", "lordo_one_sided_randomized_svd"),
+}
 
 
 @pytest.mark.parametrize("layout", ["fsdp", "basis_split"])
@@ -368,25 +415,18 @@ def test_a_products_only_refresh_never_gathers_a_matrix(layout):
   those of a step that does nothing (JAX 0.10's partially manual ``shard_map``
   gathers every split input at its boundary; JAX 0.12 does not); the SVD refresh
   does add some (the check can fail). The programs are those the runs above train
-  with (:func:`programs`, compiled once), on ``Explicit`` axes."""
+  with (:func:`programs`, compiled once), on ``Explicit`` axes; the two-sided one on
+  the FSDP layout only (:data:`PRODUCTS_ONLY_READ`)."""
   mesh = jax.make_mesh((4, 2), (AXIS, "fsdp"))
   shapes = [a.shape for a in sharded_mlp.params().values() if a.ndim == 2]
 
   def gathers(method):
-    init, step = programs(method, mesh, layout)
-    return full_matrix_gathers(compiled_step(step, init, mesh, LAYOUTS[layout])[0], shapes)
+    return full_matrix_gathers(programs(method, mesh, layout)[2], shapes)
 
   boundary = full_matrix_gathers(
     compiled_optimizer_step(METHODS["ddp"](), mesh, LAYOUTS[layout], optimizer=False)[0], shapes
   )
-  products = {
-    method: gathers(method)
-    for method in (
-      "lordo_subspace_iteration_random",
-      "lordo_one_sided_randomized_svd",
-      "lordo_randomized_svd",
-    )
-  }
+  products = {method: gathers(method) for method in PRODUCTS_ONLY_READ[layout]}
   svd = gathers("lordo_svd")
   assert len(boundary) < len(svd), (boundary, svd)
   for method, found in products.items():
@@ -411,6 +451,16 @@ def test_the_message_in_flight_is_split_over_the_group_like_the_parameters(metho
 WORKER_GROUPS = "{{0,2,4,6},{1,3,5,7}}"  # the worker axis of a (4, 2) mesh of devices 0..7
 
 
+# The control of each case: the same kind of method without overlap (its sync in a
+# conditional), a program the FSDP test trains on the same axis types (compiled once).
+CONTROLS = {
+  "diloco_overlap_round": "diloco",
+  "lordo_overlap_round_random": "lordo_svd",
+  "lordo_window": "lordo_svd",
+  "lordo_window_fragments": "lordo_streaming",
+}
+
+
 @pytest.mark.parametrize(
   "method, phase, axis_type",
   [
@@ -423,33 +473,31 @@ WORKER_GROUPS = "{{0,2,4,6},{1,3,5,7}}"  # the worker axis of a (4, 2) mesh of d
 )
 def test_on_four_workers_times_fsdp_the_chunk_can_overlap_the_step(method, phase, axis_type):
   """The compiled step of 4 workers x 2-way FSDP: every collective over the workers is
-  at the top level and reads only the state carried in (``tests/helpers/hlo.py``); the same
-  method without overlap (its sync in a conditional) is not, the control. DiLoCo's two
-  programs are those of :data:`METHODS` that the FSDP test trains (compiled once)."""
+  at the top level and reads only the state carried in (``tests/helpers/hlo.py``); a
+  method of the same kind without overlap (its sync in a conditional: :data:`CONTROLS`)
+  is not, the control. DiLoCo's overlapped program and every control are those of
+  :data:`METHODS` that the FSDP test trains (compiled once)."""
+  # A random first basis (no mean of the first gradient, a sync of its own), refreshed
+  # by SVD: each worker's own computation, no collective over the workers.
+  lordo = functools.partial(
+    lordo_jax.lordo, 1e-2, rank=2, projection="svd", init_projection="random"
+  )
   build = {  # diloco_overlap_round: METHODS's
-    "lordo_overlap_round_random": functools.partial(
-      lordo_jax.lordo, 1e-2, rank=2, sync_every=2, init_projection="random"
-    ),
-    "lordo_window": functools.partial(
-      lordo_jax.lordo, 1e-2, rank=2, sync_every=3, init_projection="random"
-    ),
-    "lordo_window_fragments": functools.partial(
-      lordo_jax.lordo, 1e-2, rank=2, sync_every=6, fragments=2, init_projection="random"
-    ),
+    "lordo_overlap_round_random": functools.partial(lordo, sync_every=2),
+    "lordo_window": functools.partial(lordo, sync_every=3),
+    "lordo_window_fragments": functools.partial(lordo, sync_every=6, fragments=2),
   }.get(method)
   overlap = {"lordo_window": 2, "lordo_window_fragments": 2}.get(method, "round")
   mesh = jax.make_mesh((4, 2), (AXIS, "fsdp"), axis_types=(axis_type,) * 2)
-  if method in METHODS:  # diloco(1e-2, sync_every=2, ...) with and without overlap="round"
+  if method in METHODS:  # diloco(1e-2, sync_every=2, ...) with overlap="round"
     assert phase is None and axis_type == AxisType.Explicit
-    text, computed = compiled_step(*programs(method, mesh, "fsdp")[::-1], mesh, FSDP_SPECS)
-    control = compiled_step(*programs("diloco", mesh, "fsdp")[::-1], mesh, FSDP_SPECS)
+    text, computed = programs(method, mesh, "fsdp")[2:]
   else:
     text, computed = compiled_optimizer_step(
       build(axis_name=AXIS, overlap=overlap), mesh, FSDP_SPECS, phase=phase
     )
-    control = compiled_optimizer_step(build(axis_name=AXIS), mesh, FSDP_SPECS)
   # Over the worker axis only: the model's own collectives inside a group (its split
   # sums, the boundary's gathers) read this step's parameters, as in any FSDP step.
   assert hlo.overlappable(text, computed, groups=WORKER_GROUPS)
-  blocking, computed = control
+  blocking, computed = programs(CONTROLS[method], mesh, "fsdp")[2:]
   assert not hlo.overlappable(blocking, computed, groups=WORKER_GROUPS)
