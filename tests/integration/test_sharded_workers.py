@@ -30,20 +30,22 @@ from tests.helpers.sharded_mlp import FSDP_SPECS
 pytestmark = pytest.mark.timeout(600, method="thread")
 
 STEPS = 4  # Two syncs at K = 2, two refreshes of low-rank DDP at T = 3.
+# LoRDO refreshed by one step of subspace iteration (the default takes two: the same
+# products and Cholesky-QR over again, a second copy of them in the program).
+subspace_iteration = functools.partial(
+  lordo_jax.lordo,
+  1e-2,
+  rank=2,
+  sync_every=2,
+  axis_name=AXIS,
+  projection="subspace_iteration",
+  subspace_iterations=1,
+)
 METHODS = {
   "lordo_svd": lambda: lordo_jax.lordo(
     1e-2, rank=2, sync_every=2, axis_name=AXIS, projection="svd"
   ),
-  # One step of subspace iteration a refresh (the default takes two: the same products
-  # and Cholesky-QR over again, a second copy of them in the program).
-  "lordo_subspace_iteration": lambda: lordo_jax.lordo(
-    1e-2,
-    rank=2,
-    sync_every=2,
-    axis_name=AXIS,
-    projection="subspace_iteration",
-    subspace_iterations=1,
-  ),
+  "lordo_subspace_iteration": lambda: subspace_iteration(),
   "lordo_dct": lambda: lordo_jax.lordo(
     1e-2, rank=2, sync_every=2, axis_name=AXIS, projection="dct", error_feedback=True
   ),
@@ -113,15 +115,7 @@ METHODS = {
 TOLERANCE = {"lordo_int8": 1e-3, "lordo_overlap_round_int8": 1e-3}
 # A refresh made of products with the split matrix: no first SVD, so no gather at all.
 PRODUCTS_ONLY = {
-  "lordo_subspace_iteration_random": lambda: lordo_jax.lordo(
-    1e-2,
-    rank=2,
-    sync_every=2,
-    axis_name=AXIS,
-    projection="subspace_iteration",
-    subspace_iterations=1,
-    init_projection="random",
-  ),
+  "lordo_subspace_iteration_random": lambda: subspace_iteration(init_projection="random"),
 }
 # Inside a worker: FSDP splits each matrix along one dimension; with a "tp" axis the
 # MLP is tensor-parallel too (up's columns and down's rows, Megatron style).
