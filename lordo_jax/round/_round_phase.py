@@ -24,8 +24,8 @@ def round_phase(step: int, *, sync_every: periods.SyncPeriod, fragments: int = 1
   """The phase of update number ``step`` of a method with rounds: pass it as
   ``update(..., round_phase=...)``, a static value.
 
-  ``"first"`` for the first update (it may compute the first bases, and end a round
-  when K = 1: the one program, every part of the round in a conditional); ``"local"``
+  ``"first"`` for the first update (the first bases and the local step; where a round
+  can end at it, K = 1, the one program, every part of the round in a conditional); ``"local"``
   when the update is a local step only: no fragment's round ends at it; ``"boundary"``
   when a fragment's round ends at it. Compiled with ``"local"``, a step holds no
   conditional of the round (on a GPU: no copies of the state, no predicate read back by
@@ -62,10 +62,14 @@ def round_phase(step: int, *, sync_every: periods.SyncPeriod, fragments: int = 1
   t = int(step) + 1
   if t == 1:
     return "first"
+  return "boundary" if ends_a_round(t, sync_every, int(fragments)) else "local"
+
+
+def ends_a_round(t: int, sync_every: periods.SyncPeriod, fragments: int) -> bool:
+  """Whether a fragment's round ends at update ``t`` (1-based), on the host."""
   if callable(sync_every):
-    return "boundary" if t in periods.sync_steps(sync_every, t) else "local"
-  offsets = periods.fragment_offsets(sync_every, int(fragments))
-  return "boundary" if t % sync_every in offsets else "local"
+    return t in periods.sync_steps(sync_every, t)
+  return t % sync_every in periods.fragment_offsets(sync_every, fragments)
 
 
 def check(name: str, overlap: Any, phase: Any) -> None:
@@ -86,6 +90,12 @@ def poisoned(updates, due):
   traced bool): a select fused into each leaf's update, with no conditional
   and no host callback (either costs a local step on the host what the phase saves)."""
   return jax.tree.map(lambda u: jnp.where(due, jnp.asarray(jnp.nan, u.dtype), u), updates)
+
+
+def first_due(count) -> jax.Array:
+  """Whether update ``count`` is the first: a first program with no round in it (none
+  ends at the first update) runs no other."""
+  return count == 1
 
 
 def any_due(count, predicates) -> jax.Array:

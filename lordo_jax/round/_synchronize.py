@@ -332,6 +332,8 @@ def _update(
   if round_phase == "local":
     return _local_update(parts, grads, state, params, count, extra_args)
   masks = schedule.fragment_masks(params, parts.fragments)
+  if round_phase == "first" and not round_phases.ends_a_round(1, parts.sync_every, len(masks)):
+    return _first_update(parts, grads, state, params, count, worker_present, extra_args)
   # A boundary is not the first update (no first bases), and with one fragment its
   # round ends there: it syncs with no conditional (on a GPU the conditional copied the
   # state in and out of its branch).
@@ -354,9 +356,16 @@ def _update(
   predicates = schedule.sync_predicates(parts.sync_every, len(masks), count, state.next_sync)
   new_state = state._replace(count=count, inner_state=inner_state, faults=faults)
   # The branch recomputes the local step (see _sync_fragment): an update carried
-  # through a conditional is materialised and cannot fuse with apply_updates.
+  # through a conditional is materialised and cannot fuse with apply_updates. A round
+  # with no conditional takes the step as computed: traced and compiled once.
+  computed = (local_updates, inner_state, faults)
   sync = functools.partial(
-    _sync_fragment, parts, grads=grads, params=params, local_step=local_step, present=present
+    _sync_fragment,
+    parts,
+    grads=grads,
+    params=params,
+    local_step=(lambda: computed) if always else local_step,
+    present=present,
   )
   rounds = zip(masks, [True] if always else predicates, strict=True)
   new_state, anchor = _end_rounds(parts.offload, sync, rounds, new_state, params)
@@ -375,11 +384,30 @@ def _local_update(parts: RoundParts, grads, state, params, count, extra_args):
   are due (:mod:`lordo_jax.round._round_phase`)."""
   masks = schedule.fragment_masks(params, parts.fragments)
   predicates = schedule.sync_predicates(parts.sync_every, len(masks), count, state.next_sync)
+  updates, state = _local_step_alone(parts, grads, state, params, count, extra_args)
+  return round_phases.poisoned(updates, round_phases.any_due(count, predicates)), state
+
+
+def _first_update(parts: RoundParts, grads, state, params, count, worker_present, extra_args):
+  """A step compiled with ``round_phase="first"`` where no round can end at the first
+  update (K > 1, no fragment's offset at 1): the first bases, then the local step alone;
+  NaN updates at any other update."""
+  present = parts.averaging.admit(jnp.asarray(worker_present, jnp.bool_), grads)
+  inner_state, ledger = parts.refresh.before_first_step(
+    count, grads, state.inner_state, state.ledger, present
+  )
+  state = state._replace(inner_state=inner_state, ledger=ledger)
+  updates, state = _local_step_alone(parts, grads, state, params, count, extra_args)
+  return round_phases.poisoned(updates, ~round_phases.first_due(count)), state
+
+
+def _local_step_alone(parts: RoundParts, grads, state, params, count, extra_args):
+  """The local optimizer's step and its guard, the anchor and outer state passed
+  through: ``(updates, state)``."""
   updates, inner_state = parts.inner.update(grads, state.inner_state, params, **extra_args)
   updates, inner_state, faults = parts.averaging.guard_step(
     grads, updates, inner_state, state.inner_state, state.faults
   )
-  updates = round_phases.poisoned(updates, round_phases.any_due(count, predicates))
   return updates, state._replace(count=count, inner_state=inner_state, faults=faults)
 
 

@@ -4,8 +4,9 @@ boundaries without its conditional.
 The phased run (each update given ``lordo_jax.round_phase``'s phase, three programs)
 equals the one-program run to float32 rounding, on one device and on 8 workers under
 ``shard_map``; the local program holds no conditional and copies no
-state, the boundary program of one fragment no conditional of the round (read from the
-compiled HLO: the copies the round's conditionals cost a GPU step); a program run at an
+state, the boundary program of one fragment no conditional of the round, the first
+program none where no round can end at it (read from the compiled HLO: the copies the
+round's conditionals cost a GPU step); a program run at an
 update of another phase returns NaN updates instead of skipping or adding a round."""
 
 import functools
@@ -201,6 +202,30 @@ def test_the_boundary_program_holds_no_conditional_of_the_round(method):
     assert count(boundary) == 0
 
 
+@pytest.mark.parametrize("method", ["lordo", "diloco"])
+def test_the_first_program_holds_a_round_only_where_one_can_end(method):
+  """At K > 1 no round ends at the first update: the first program is the first bases
+  (LoRDO's conditional on the count) and the local step, with no conditional of the
+  round. At K = 1 a round ends there: the first program is the one program."""
+  count = lambda hlo: hlo.count(" conditional(")  # noqa: E731
+  first, whole = hlo_of(method, "first"), hlo_of(method, None)
+  assert count(first) <= count(whole) - 1
+  if method == "diloco":
+    assert count(first) == 0
+  every_step = {
+    "lordo": lambda: lordo_jax.lordo(1e-2, rank=4, sync_every=1, axis_name=None),
+    "diloco": lambda: lordo_jax.diloco(1e-2, sync_every=1, axis_name=None),
+  }[method]()
+  compiled = {
+    phase: jax.jit(functools.partial(every_step.update, round_phase=phase))
+    .lower(gradient(0), every_step.init(PARAMS), PARAMS)
+    .compile()
+    .as_text()
+    for phase in ("first", None)
+  }
+  assert count(compiled["first"]) == count(compiled[None]) > 0
+
+
 def test_a_program_run_at_an_update_of_another_phase_returns_nan_updates():
   """Read from the parameters a step returns from finite ones (the run's programs)."""
   tx, step = program_of("lordo")
@@ -215,6 +240,9 @@ def test_a_program_run_at_an_update_of_another_phase_returns_nan_updates():
     stepped, state = step(fresh(params), state, gradient(t), phase)
     assert finite(stepped) == (t not in (1, K - 1)), t
     params = stepped if finite(stepped) else params  # Go on from finite parameters.
+  # The first program (no round in it at K > 1) run at update 5 is refused too.
+  stepped, _ = step(fresh(params), state, gradient(4), "first")
+  assert all(bool(jnp.isnan(p).all()) for p in jax.tree.leaves(stepped))
   # The first update, run as local or as a boundary, is refused the same way (its
   # bases are due), also when K = 1 ends a round there.
   every_step = lordo_jax.lordo(1e-2, rank=4, sync_every=1, axis_name=None)
