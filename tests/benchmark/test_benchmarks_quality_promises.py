@@ -52,12 +52,18 @@ STUDY = quality.QUICK
 CONFIG = model.PRESETS[STUDY.preset]
 
 
-@functools.cache
 def trained(spec: lm_runs.RunSpec) -> dict:
   """``spec``'s optimizer on the tiny LM, M workers: the bytes sent per worker after every
-  step (cumulative) and worker 0's validation loss at the end."""
-  apply, params = initial(spec.seed)
-  tx = train.make_optimizer(spec.variant.method, spec.config())
+  step (cumulative) and worker 0's validation loss at the end. Trained once per method
+  and config: two specs that differ only in their variant's name or description (an
+  extension row's plain LoRDO and the quality study's) are one run."""
+  return _trained(spec.variant.method, spec.config())
+
+
+@functools.cache
+def _trained(method: str, config: train.TrainConfig) -> dict:
+  apply, params = initial(config.seed)
+  tx = train.make_optimizer(method, config)
   assert train.AXIS == workers.AXIS
   mesh = jax.make_mesh((M,), (workers.AXIS,))
 
@@ -72,17 +78,17 @@ def trained(spec: lm_runs.RunSpec) -> dict:
     jax.shard_map(body, mesh=mesh, in_specs=P(workers.AXIS), out_specs=P(workers.AXIS))
   )
   dataset = lm_runs.dataset(M, CONFIG.seq_len, BATCH)
-  batches = data.Batches(dataset, seq_len=CONFIG.seq_len, batch_size=BATCH, seed=spec.seed)
+  batches = data.Batches(dataset, seq_len=CONFIG.seq_len, batch_size=BATCH, seed=config.seed)
   state = workers.shard(workers.stack(tx.init(params), M), mesh)
   stacked = workers.shard(workers.stack(params, M), mesh)
   sent = []
-  for _ in range(spec.steps):
+  for _ in range(config.steps):
     stacked, state = step(stacked, state, workers.shard(batches(), mesh))
     jax.block_until_ready((stacked, state))  # One multi-device program in flight at a time.
     sent.append(lordo_jax.communicated_bytes(state))
   windows = data.validation_windows(dataset, seq_len=CONFIG.seq_len, max_windows=8)
   first = jax.tree.map(lambda x: np.asarray(x)[0], stacked)
-  return {"sent": sent, "val_loss": float(evaluate(spec.seed)(first, windows))}
+  return {"sent": sent, "val_loss": float(evaluate(config.seed)(first, windows))}
 
 
 @functools.cache
