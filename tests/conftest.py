@@ -64,31 +64,32 @@ from jax.experimental.compilation_cache import compilation_cache  # noqa: E402
 jax.config.update("jax_num_cpu_devices", 8)
 
 # Seconds per module, summed over its tests (``--junitxml`` of the whole suite alone on 2
-# cores, a fresh clone, 2026-11-28 13:47); the rest follow in their usual order.
+# cores, a fresh clone, 2026-11-28, a quiet host); the rest follow in their usual order.
 SLOWEST_MODULES = (
-  "test_sharded_workers.py",  # 140
-  "test_doc_pages.py",  # 68
-  "test_benchmarks_accelerator.py",  # 61
-  "test_benchmarks_elastic.py",  # 61
-  "test_examples.py",  # 55
-  "test_lm_elastic.py",  # 51
-  "test_benchmarks_quality.py",  # 48
-  "test_benchmarks_quality_promises.py",  # 48
-  "test_overlap_compile.py",  # 46
-  "test_streaming.py",  # 46
-  "test_benchmarks_device_speed.py",  # 45
-  "test_benchmarks_gpu_program.py",  # 45
-  "test_batched_step.py",  # 44
-  "test_lm_fsdp.py",  # 44
-  "test_checkpoint.py",  # 43
-  "test_step_launches_target.py",  # 41
-  "test_basis_batched.py",  # 37
-  "test_flax.py",  # 35
-  "test_offload.py",  # 33
-  "test_benchmarks_step_profile.py",  # 33
-  "test_optax_common.py",  # 32
-  "test_golden_runs.py",  # 31
-  "test_benchmarks_speed.py",  # 28
+  "test_sharded_workers.py",  # 76
+  "test_doc_pages.py",  # 64
+  "test_benchmarks_accelerator.py",  # 55
+  "test_examples.py",  # 52
+  "test_benchmarks_quality.py",  # 50
+  "test_lm_elastic.py",  # 46
+  "test_lm_fsdp.py",  # 43
+  "test_streaming.py",  # 40
+  "test_benchmarks_device_speed.py",  # 38
+  "test_benchmarks_quality_promises.py",  # 37
+  "test_overlap_compile.py",  # 35
+  "test_flax.py",  # 34
+  "test_benchmarks_gpu_program.py",  # 34
+  "test_step_launches_target.py",  # 33
+  "test_checkpoint.py",  # 29
+  "test_basis_batched.py",  # 27
+  "test_offload.py",  # 27
+  "test_golden_runs.py",  # 24
+  "test_two_sided.py",  # 23
+  "test_multiprocess_fsdp.py",  # 23
+  "test_baselines.py",  # 23
+  "test_benchmarks_elastic.py",  # 22
+  "test_overlap.py",  # 22
+  "test_optax_common.py",  # 22
 )
 
 
