@@ -62,33 +62,55 @@ def trained(spec: lm_runs.RunSpec) -> dict:
 
 @functools.cache
 def _trained(method: str, config: train.TrainConfig) -> dict:
-  apply, params = initial(config.seed)
   tx = train.make_optimizer(method, config)
   assert train.AXIS == workers.AXIS
-  mesh = jax.make_mesh((M,), (workers.AXIS,))
+  mesh = mesh_of_workers()
 
-  def body(params, state, batch):
-    params, state, batch = jax.tree.map(lambda x: x[0], (params, state, batch))
-    grads = jax.grad(functools.partial(model.loss_fn, apply))(params, batch)
+  def body(params, state, grads):
+    params, state, grads = jax.tree.map(lambda x: x[0], (params, state, grads))
     updates, state = tx.update(grads, state, params)
     params = optax.apply_updates(params, updates)
     return jax.tree.map(lambda x: x[None], (params, state))
 
-  step = jax.jit(
+  # The step in two programs: the gradients (the model's, one program for every run)
+  # and this optimizer's update, so each run compiles only its optimizer.
+  update = jax.jit(
     jax.shard_map(body, mesh=mesh, in_specs=P(workers.AXIS), out_specs=P(workers.AXIS))
   )
+  gradients = worker_gradients(config.seed)
   dataset = lm_runs.dataset(M, CONFIG.seq_len, BATCH)
   batches = data.Batches(dataset, seq_len=CONFIG.seq_len, batch_size=BATCH, seed=config.seed)
-  state = workers.shard(workers.stack(tx.init(params), M), mesh)
-  stacked = workers.shard(workers.stack(params, M), mesh)
+  state = workers.shard(workers.stack(tx.init(initial(config.seed)[1]), M), mesh)
+  stacked = workers.shard(workers.stack(initial(config.seed)[1], M), mesh)
   sent = []
   for _ in range(config.steps):
-    stacked, state = step(stacked, state, workers.shard(batches(), mesh))
+    grads = jax.block_until_ready(gradients(stacked, workers.shard(batches(), mesh)))
+    stacked, state = update(stacked, state, grads)
     jax.block_until_ready((stacked, state))  # One multi-device program in flight at a time.
     sent.append(lordo_jax.communicated_bytes(state))
   windows = data.validation_windows(dataset, seq_len=CONFIG.seq_len, max_windows=8)
   first = jax.tree.map(lambda x: np.asarray(x)[0], stacked)
   return {"sent": sent, "val_loss": float(evaluate(config.seed)(first, windows))}
+
+
+@functools.cache
+def mesh_of_workers():
+  return jax.make_mesh((M,), (workers.AXIS,))
+
+
+@functools.cache
+def worker_gradients(seed: int):
+  """Each worker's gradient of :func:`initial`'s model on its own batch, jitted once."""
+  apply = initial(seed)[0]
+
+  def body(params, batch):
+    params, batch = jax.tree.map(lambda x: x[0], (params, batch))
+    grads = jax.grad(functools.partial(model.loss_fn, apply))(params, batch)
+    return jax.tree.map(lambda x: x[None], grads)
+
+  return jax.jit(
+    jax.shard_map(body, mesh=mesh_of_workers(), in_specs=P(workers.AXIS), out_specs=P(workers.AXIS))
+  )
 
 
 @functools.cache
