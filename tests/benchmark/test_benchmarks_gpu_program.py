@@ -176,7 +176,9 @@ def test_the_local_step_batches_by_shape_on_a_gpu_with_no_conditional_and_no_cop
   assert local["copies"] == 0
   assert _program(record, "lm lordo local")["conditionals"] == 0
   # Two layers of four matrices of four shapes: one projection and one back-projection
-  # per shape batched, per matrix one of each.
+  # per shape batched, per matrix one of each. "lordo local" takes the grouping of the
+  # platform it is compiled for, not the host's (tests/local/test_step_grouping_target.py):
+  # compiled on this CPU for a GPU, it is batched.
   assert (local["gemms"], per_matrix["gemms"]) == (8, 16)
 
 
