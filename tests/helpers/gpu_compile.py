@@ -9,20 +9,33 @@ launches by kind, bytes, flops, peak memory and collective schedule) and the lau
 temporaries of ``tests/local/test_step_launches_target.py``'s four programs were identical
 with and without it (jaxlib 0.10.2, 2026-11-28), and those four took 36 s of CPU instead
 of 55.
+
+It also has ptxas, which turns each kernel's PTX into the GPU's machine code after the
+program (its HLO, thunks and buffers) is made, compile without its optimisations
+(:data:`PTXAS_FLAG`): the machine code is what no test reads (nothing runs). The schedules
+of ``tests/round/test_overlap_compile.py``'s four programs were identical with and
+without it (jaxlib 0.10.2, 2026-11-29); ptxas took 4.0 s of CPU instead of 5.2 on LoRDO's
+one program of ``benchmarks/gpu/gpu_program.py --quick``'s shapes.
 """
 
 import importlib.util
 import os
 
+PTXAS_FLAG = "--xla_gpu_disable_gpuasm_optimizations=true"
+
 
 def environment() -> dict[str, str]:
   """This process's environment with ``JAX_PLATFORMS=cpu`` (without it, on a host with no
-  GPU the plugin fails its CUDA check before it registers its compiler); a failure that
-  says what to install where the plugin is missing."""
+  GPU the plugin fails its CUDA check before it registers its compiler) and ptxas at
+  ``-O0`` (unless ``XLA_FLAGS`` names the flag); a failure that says what to install where
+  the plugin is missing."""
   if importlib.util.find_spec("jax_plugins.xla_cuda12") is None:
     raise AssertionError(
       "jax's CUDA plugin (jax_plugins.xla_cuda12) is not installed in this Python: the "
       "test compiles for a GPU on this CPU with it. Install the test extra: pip install "
       "-e '.[test]' (it brings jax[cuda12-local]: the plugin and its PJRT, no driver)."
     )
-  return {**os.environ, "JAX_PLATFORMS": "cpu"}
+  flags = os.environ.get("XLA_FLAGS", "").split()
+  if PTXAS_FLAG.split("=")[0] not in {flag.split("=")[0] for flag in flags}:
+    flags.append(PTXAS_FLAG)
+  return {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": " ".join(flags)}
