@@ -23,6 +23,8 @@
   share of the process's CPU from 4.2 s of 73 to 0.9 s, with the same peak memory. The
   Python processes the tests start take the same thresholds from
   ``tests/helpers/startup/sitecustomize.py``, on ``PYTHONPATH`` for them.
+* One xdist worker more than the cores (``-n auto``): a test that waits leaves its core
+  to the third.
 * The slowest modules first. ``pytest -n auto --dist loadfile --no-loadscope-reorder``
   (``pyproject.toml``) hands the modules to the workers in collection order, so the
   longest start at once and the short ones fill in around them; a long module handed
@@ -98,6 +100,14 @@ gc.set_threshold(50_000, 20, 20)
 STARTUP = os.path.join(os.path.dirname(__file__), "helpers", "startup")
 PATHS = [path for path in os.environ.get("PYTHONPATH", "").split(os.pathsep) if path]
 os.environ["PYTHONPATH"] = os.pathsep.join(PATHS + [STARTUP] * (STARTUP not in PATHS))
+
+
+def pytest_xdist_auto_num_workers(config):
+  """``-n auto``: one worker more than the cores. A worker's test is not always on a core
+  (checkpoint writes, processes that wait on each other, subprocesses starting), and a
+  third worker on 2 cores fills those gaps."""
+  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+  return (cores or 1) + 1
 
 
 def pytest_collection_finish(session):
