@@ -117,7 +117,6 @@ import sys
 from typing import NamedTuple
 
 import jax
-import jax.numpy as jnp
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # benchmarks.*
 
@@ -306,36 +305,13 @@ RANKED += tuple(name for name in OVERLAPPED if name.startswith("lordo"))
 
 
 def ledger_steps(tx, shapes, steps: int) -> list[tuple[int, int]]:
-  """(bytes, all-reduce calls) of the ledger after each of ``steps`` counters-only steps.
+  """(bytes, all-reduce calls) of the ledger after each of ``steps`` counters-only steps
+  (``communication_table.counter_steps``)."""
 
-  As ``communication_table.counter_steps``: one worker of a ``shard_map`` over a
-  one-device mesh, whose state keeps only the integer leaves of
-  ``jax.eval_shape(tx.init, shapes)`` from step to step: the step counters, the ledgers
-  and the sync counters (``SynchronizeState.syncs``, which DES-LOC's moment averages
-  follow; ``communication_table._is_counter`` misses it).
-  """
-  abstract = jax.eval_shape(tx.init, shapes)
-  flat, treedef = jax.tree_util.tree_flatten_with_path(abstract)
-  positions = [i for i, (_, x) in enumerate(flat) if jnp.issubdtype(x.dtype, jnp.integer)]
+  def read(state) -> tuple[int, int]:
+    return lordo_jax.communicated_bytes(state), lordo_jax.all_reduce_count(state)
 
-  def body(counters):
-    varying = lambda x: jax.lax.pcast(x, AXIS, to="varying")  # noqa: E731
-    params = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
-    leaves = [varying(x) for x in jax.tree.leaves(tx.init(params))]
-    params = jax.tree.map(varying, params)
-    for i, x in zip(positions, counters, strict=True):
-      leaves[i] = x
-    _, state = tx.update(params, jax.tree.unflatten(treedef, leaves), params)
-    return [jax.tree.leaves(state)[i] for i in positions]
-
-  step = communication_table.one_worker_program(body)
-  counters = [jnp.zeros(flat[i][1].shape, flat[i][1].dtype) for i in positions]
-  sent = []
-  for _ in range(steps):
-    counters = jax.block_until_ready(step(counters))
-    state = communication_table._with_ledgers(treedef, counters, positions, len(flat))
-    sent.append((lordo_jax.communicated_bytes(state), lordo_jax.all_reduce_count(state)))
-  return sent
+  return communication_table.counter_steps(tx, shapes, steps, read)
 
 
 def ledger_profile(tx, shapes, period: int) -> dict:
