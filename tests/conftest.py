@@ -24,7 +24,7 @@
   Python processes the tests start take the same thresholds from
   ``tests/helpers/startup/sitecustomize.py``, on ``PYTHONPATH`` for them.
 * One xdist worker more than the cores (``-n auto``): a test that waits leaves its core
-  to the third.
+  to the extra worker.
 * The slowest modules first. ``pytest -n auto --dist loadfile --no-loadscope-reorder``
   (``pyproject.toml``) hands the modules to the workers in collection order, so the
   longest start at once and the short ones fill in around them; a long module handed
