@@ -3,6 +3,7 @@ r"""The outer optimizer for a whole round in flight: a sweep of its rate and mom
     python benchmarks/overlap/overlap_outer.py           # the sweep, 1,024 steps: CPU-hours
     python benchmarks/overlap/overlap_outer.py --cached  # report what is cached, train nothing
     python benchmarks/overlap/overlap_outer.py --quick   # tiny preset, 96 steps: a few minutes
+    python benchmarks/overlap/overlap_outer.py --devices 16  # the M = 16 rows too
 
 ``overlap="round"`` (MATH.md §9) lands each round's mean one round late. The overlap
 study (:mod:`overlap_quality`) kept each method's outer optimizer, which a blocking
@@ -32,6 +33,12 @@ study's best inner rate), ``overlap="round"``:
 Every eager and delayed row of steps 1-5 takes its outer optimizer as it is
 (``delay_correction="none"``), as the study first ran them.
 
+Each worker needs a simulated device of its own (``--devices``, 8 by default): a row of
+more workers than devices is left out of the run and named at its end, for a run with
+``--devices M``. The devices beyond a row's M split each worker's batch (the LM's
+``data`` axis), which changes its result only by float rounding, so the rows trained
+on 8 devices and those on 16 are one study.
+
 The outer optimizer is ``optax.sgd(rate, momentum, nesterov=True)`` (DiLoCo's kind; SGD
 without momentum at 0); LoRDO's default is SGD at rate 1 (the workers' mean) and
 DiLoCo's rate 0.7 and momentum 0.9, which the grid's rows at those settings are.
@@ -50,6 +57,8 @@ import pathlib  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
+
+import jax  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # benchmarks.*
 
@@ -172,19 +181,30 @@ def plan(study, steps, rates, loss) -> list[list[Row]]:
 STEPS_SEEDS = (False, False, True, False, False, False)
 
 
-def main(argv=None) -> int:
-  args = studies.parse_args(
-    __doc__, "tiny preset, 96 steps, 1 seed", argv, extra=overlap_quality.add_options
+def add_options(parser) -> None:
+  overlap_quality.add_options(parser)
+  parser.add_argument(
+    "--devices",
+    type=int,
+    default=lm_runs.DEVICES,
+    help="simulated CPU devices, set before JAX starts (rows of more workers are left "
+    "for a run with more)",
   )
+
+
+def main(argv=None) -> int:
+  args = studies.parse_args(__doc__, "tiny preset, 96 steps, 1 seed", argv, extra=add_options)
   start = time.perf_counter()
   study = quality.QUICK if args.quick else quality.FULL
   steps = 96 if args.quick else STEPS
+  devices = jax.device_count()
   rates = (
     {m: overlap_quality.QUICK_LEARNING_RATE for m in METHODS}
     if args.quick
     else overlap_quality.tuned_rates(args.out, steps)
   )
   args.flags = ["--cached"] if args.cached else []
+  args.flags += [f"--devices={args.devices}"] if args.devices != lm_runs.DEVICES else []
   cache = studies.runs(args.out, "lm")
   stored = long_horizon.Runs(cache, train=False)
 
@@ -192,12 +212,17 @@ def main(argv=None) -> int:
     return long_horizon.final(stored.get(row.spec(study, steps, rates, seed)))
 
   seeds_of = [study.seeds if every else study.seeds[:1] for every in STEPS_SEEDS]
+  left_out = {}  # Rows of more workers than devices, by M.
   if not args.cached:
     trainer = long_horizon.Runs(cache, train=True)
     for index, seeds in enumerate(seeds_of):
       for row in plan(study, steps, rates, loss)[index]:
         for seed in seeds:
           if args.quick and row.workers != 8:
+            continue
+          if row.workers > devices:
+            if loss(row, seed) is None:
+              left_out.setdefault(row.workers, []).append(row)
             continue
           trainer.get(row.spec(study, steps, rates, seed))
   steps_rows = plan(study, steps, rates, loss)
@@ -210,6 +235,11 @@ def main(argv=None) -> int:
     markdown(report, steps, study),
     notes(study, rates),
   )
+  for workers, rows in sorted(left_out.items()):
+    print(
+      f"{len(rows)} rows at M = {workers} not trained: {devices} simulated devices, one a "
+      f"worker; run again with --devices {workers} to train them."
+    )
   return 0
 
 
@@ -362,5 +392,5 @@ def notes(study, rates) -> list[str]:
 
 
 if __name__ == "__main__":
-  lm_runs.simulate_devices()
+  lm_runs.simulate_devices(studies.parse_args(__doc__, "", extra=add_options).devices)
   raise SystemExit(main())

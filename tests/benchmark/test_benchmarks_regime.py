@@ -443,3 +443,87 @@ def test_the_outer_study_takes_its_later_steps_from_the_earlier_ones():
     if r["method"] == "lordo" and r["delay_correction"] == "step" and r["workers"] == 4
   ]
   assert corrected["vs_blocking"] == pytest.approx(0.25)  # 2.5 against 2.0
+
+
+def made_up_runs(monkeypatch) -> list:
+  """``lm_runs.run`` made up: each run's optimizer is built from its spec, as its
+  training would build it (so an option no factory takes fails here), and its record,
+  a loss of its own from its cache name, stored in the study's cache. Returns the specs
+  asked for, in order."""
+  import hashlib
+  import json
+
+  from tests.helpers.lm_example import train
+
+  asked = []
+
+  def run(spec, cache, fresh=False, log=print):
+    path = cache / spec.file_name()
+    if path.exists() and not fresh:
+      return json.loads(path.read_text())
+    train.make_optimizer(spec.variant.method, spec.config())
+    asked.append(spec)
+    digest = hashlib.sha1(path.name.encode()).hexdigest()
+    loss = 2.0 + int(digest[:6], 16) % 1000 / 1e4
+    made = {"spec": spec.key(), "result": {"final_val_loss": loss}}
+    cache.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(made))
+    return made
+
+  monkeypatch.setattr(lm_runs, "run", run)
+  return asked
+
+
+# The study runs DiLoCo's outer optimizer uncorrected on purpose (the rows before the
+# corrections), which diloco warns of.
+@pytest.mark.filterwarnings("ignore:diloco. outer_learning_rate")
+def test_the_outer_studys_quick_mode_trains_every_row_at_eight_workers(tmp_path, monkeypatch):
+  """``overlap_outer.py --quick`` in this process, its training made up: every row at
+  M = 8, the corrections among them, each run's options built into its optimizer, and
+  the report's corrections table read from those runs."""
+  import json
+
+  asked = made_up_runs(monkeypatch)
+  assert overlap_outer.main(["--quick", "--out", str(tmp_path)]) == 0
+  assert asked and {spec.num_workers for spec in asked} == {8}
+  assert {spec.steps for spec in asked} == {96} and {spec.preset for spec in asked} == {"tiny"}
+  corrected = {dict(s.variant.options).get("delay_correction") for s in asked}
+  assert corrected >= set(overlap_outer.CORRECTIONS)
+  report = json.loads((tmp_path / "overlap_outer.json").read_text())
+  at_8 = [r for r in report["corrections"] if r["workers"] == 8]
+  assert {(r["method"], r["delay_correction"]) for r in at_8 if r["merge"] == "eager"} >= {
+    (m, c) for m in overlap_outer.METHODS for c in overlap_outer.CORRECTIONS
+  }
+  assert all(r["mean"] is not None for r in at_8)
+  assert "| delay_correction |" in (tmp_path / "overlap_outer.md").read_text()
+
+
+# The study runs DiLoCo's outer optimizer uncorrected on purpose (the rows before the
+# corrections), which diloco warns of.
+@pytest.mark.filterwarnings("ignore:diloco. outer_learning_rate")
+def test_the_outer_study_leaves_rows_of_more_workers_than_devices_and_says_so(
+  tmp_path, monkeypatch, capsys
+):
+  """The full study on this process's 8 devices: its M = 16 rows are not trained (each
+  worker needs a device) and the run ends naming ``--devices 16``; every other
+  correction row is trained."""
+  import json
+
+  rates = {"lordo": 0.0125, "diloco": 5e-4}
+  horizon = [{"method": m, "best_lr": lr} for m, lr in rates.items()]
+  (tmp_path / f"{long_horizon.NAME}.json").write_text(
+    json.dumps({"horizons": {str(overlap_outer.STEPS): horizon}})
+  )
+  asked = made_up_runs(monkeypatch)
+  assert overlap_outer.main(["--out", str(tmp_path)]) == 0
+  assert max(spec.num_workers for spec in asked) == 8
+  trained = {(s.variant.name, s.num_workers) for s in asked}
+  for m in overlap_outer.METHODS:
+    for c in overlap_outer.CORRECTIONS:
+      for w in (2, 4, 8):
+        name = overlap_outer.variant(m, "eager", overlap_outer.DEFAULT_OUTER[m], c).name
+        assert (name, w) in trained
+  printed = capsys.readouterr().out
+  # Per method: the blocking round, both corrections and today's best setting.
+  assert "8 rows at M = 16 not trained: 8 simulated devices" in printed
+  assert "run again with --devices 16" in printed
