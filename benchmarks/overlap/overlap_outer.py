@@ -44,7 +44,8 @@ without momentum at 0); LoRDO's default is SGD at rate 1 (the workers' mean) and
 DiLoCo's rate 0.7 and momentum 0.9, which the grid's rows at those settings are.
 Runs go to the quality study's cache (:mod:`lm_runs`), each step's runs in turn, so an
 interrupted study has its most useful rows; ``--cached`` writes the report of what is
-there.
+there. It writes ``<out>/overlap_outer.json``, ``.md`` and ``.png`` (step 6's rows
+against M).
 """
 
 import os
@@ -227,6 +228,7 @@ def main(argv=None) -> int:
           trainer.get(row.spec(study, steps, rates, seed))
   steps_rows = plan(study, steps, rates, loss)
   report = results(steps_rows, study.seeds, loss)
+  plot(report, args.out / f"{NAME}.png")
   studies.write(
     NAME,
     args,
@@ -375,6 +377,39 @@ def markdown(report: dict, steps: int, study) -> list[str]:
     align="lllrrrrr",
   )
   return lines
+
+
+def plot(report: dict, path: pathlib.Path) -> None:
+  """The corrections' rows, each method's settings against the worker count: the final
+  validation loss relative to the blocking round at the same M (log x)."""
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  fig, axes = plt.subplots(1, len(METHODS), figsize=(9.6, 4.0), sharey=True)
+  for ax, method in zip(axes, METHODS, strict=True):
+    lines: dict[str, list] = {}
+    for r in report["corrections"]:
+      if r["method"] != method or r["merge"] == "blocking" or r["vs_blocking"] is None:
+        continue
+      label = f"{r['merge']}, outer {r['outer_learning_rate']:g}/{r['outer_momentum']:g}"
+      if r["merge"] in ("eager", "delayed"):
+        label += f", {r['delay_correction']}"
+      lines.setdefault(label, []).append((r["workers"], 100 * r["vs_blocking"]))
+    for label, points in lines.items():
+      ax.plot(*zip(*sorted(points), strict=True), marker="o", label=label)
+    ax.axhline(0, color="gray", linewidth=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(CORRECTION_WORKERS, [str(w) for w in CORRECTION_WORKERS])
+    ax.set_xlabel("workers M")
+    ax.set_title(f"{method}: a whole round in flight", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+  axes[0].set_ylabel("final val loss vs blocking at the same M (%)")
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
 
 
 def notes(study, rates) -> list[str]:

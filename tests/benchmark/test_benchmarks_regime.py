@@ -496,6 +496,7 @@ def test_the_outer_studys_quick_mode_trains_every_row_at_eight_workers(tmp_path,
   }
   assert all(r["mean"] is not None for r in at_8)
   assert "| delay_correction |" in (tmp_path / "overlap_outer.md").read_text()
+  assert (tmp_path / "overlap_outer.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 # The study runs DiLoCo's outer optimizer uncorrected on purpose (the rows before the
