@@ -436,11 +436,14 @@ def test_the_outer_study_takes_its_later_steps_from_the_earlier_ones():
     for c in overlap_outer.CORRECTIONS:
       assert overlap_outer.Row(m, "eager", overlap_outer.DEFAULT_OUTER[m], 16, c) in corrections
     assert overlap_outer.Row(m, None, overlap_outer.DEFAULT_OUTER[m], 16) in corrections
+  # LoRDO's eager round at DiLoCo's Nesterov outer step, corrected.
+  assert overlap_outer.Row("lordo", "eager", (0.7, 0.9), 16, "staleness") in corrections
   assert overlap_outer.Row("diloco", "rebase", (0.7, 0.9), 2) in corrections
   (corrected,) = [
     r
     for r in report["corrections"]
     if r["method"] == "lordo" and r["delay_correction"] == "step" and r["workers"] == 4
+    if r["outer_learning_rate"] == 1.0
   ]
   assert corrected["vs_blocking"] == pytest.approx(0.25)  # 2.5 against 2.0
 
@@ -525,6 +528,7 @@ def test_the_outer_study_leaves_rows_of_more_workers_than_devices_and_says_so(
         name = overlap_outer.variant(m, "eager", overlap_outer.DEFAULT_OUTER[m], c).name
         assert (name, w) in trained
   printed = capsys.readouterr().out
-  # Per method: the blocking round, both corrections and today's best setting.
-  assert "8 rows at M = 16 not trained: 8 simulated devices" in printed
+  # Per method: the blocking round, both corrections and today's best setting; LoRDO's
+  # corrections at DiLoCo's outer step too.
+  assert "10 rows at M = 16 not trained: 8 simulated devices" in printed
   assert "run again with --devices 16" in printed
