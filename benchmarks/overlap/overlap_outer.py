@@ -385,8 +385,9 @@ def markdown(report: dict, steps: int, study) -> list[str]:
 
 
 def plot(report: dict, path: pathlib.Path) -> None:
-  """The corrections' rows, each method's settings against the worker count: the final
-  validation loss relative to the blocking round at the same M (log x)."""
+  """The corrections' rows, each method's settings against the worker count, with its
+  own outer optimizer uncorrected (step 4's rows): the final validation loss relative to
+  the blocking round at the same M (log x)."""
   import matplotlib
 
   matplotlib.use("Agg")
@@ -395,7 +396,13 @@ def plot(report: dict, path: pathlib.Path) -> None:
   fig, axes = plt.subplots(1, len(METHODS), figsize=(9.6, 4.0), sharey=True)
   for ax, method in zip(axes, METHODS, strict=True):
     lines: dict[str, list] = {}
-    for r in report["corrections"]:
+    uncorrected = [
+      {**r, "delay_correction": "none"}
+      for r in report["workers"]
+      if r["merge"] == "eager"
+      and (r["outer_learning_rate"], r["outer_momentum"]) == DEFAULT_OUTER[r["method"]]
+    ]
+    for r in report["corrections"] + uncorrected:
       if r["method"] != method or r["merge"] == "blocking" or r["vs_blocking"] is None:
         continue
       label = f"{r['merge']}, outer {r['outer_learning_rate']:g}/{r['outer_momentum']:g}"
