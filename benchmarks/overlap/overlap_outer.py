@@ -29,7 +29,11 @@ study's best inner rate), ``overlap="round"``:
    ``"step"``, eager, at each method's own outer optimizer and, for LoRDO, at DiLoCo's,
    :data:`CORRECTED_OUTERS`) at M in :data:`CORRECTION_WORKERS`, against the blocking
    round and today's best settings (LoRDO eager at ``sgd(0.7)``, DiLoCo rebase), seed 0;
-   ``--quick``: M = 8.
+   ``--quick``: M = 8;
+7. every seed at M in :data:`SEEDED_WORKERS` (the targets' worker counts) for the
+   blocking round, the library's default with a round in flight (eager, each method's
+   own outer optimizer and its default correction, :data:`DEFAULT_CORRECTION`) and
+   today's best settings.
 
 Every eager and delayed row of steps 1-5 takes its outer optimizer as it is
 (``delay_correction="none"``), as the study first ran them.
@@ -88,6 +92,10 @@ WORKERS = (2, 4, 8)
 BEST_DELAYED = 3  # Delayed runs at this many of the eager grid's best settings.
 CORRECTIONS = ("staleness", "step")  # delay_correction, MATH.md §9
 CORRECTION_WORKERS = (2, 4, 8, 16)
+# The worker counts whose rows of step 7 run every seed, and the correction the library
+# takes by default with each method's own outer optimizer (lordo_jax's correction_of).
+SEEDED_WORKERS = (2, 8)
+DEFAULT_CORRECTION = {"lordo": "none", "diloco": "staleness"}
 # The outer optimizers corrected: each method's own, and for LoRDO DiLoCo's Nesterov step
 # too, which diverged with LoRDO's eager round uncorrected (step 2) and which a
 # correction is meant to keep stable.
@@ -180,11 +188,21 @@ def plan(study, steps, rates, loss) -> list[list[Row]]:
       Row(m, TODAYS_BEST[m][0], TODAYS_BEST[m][1], w),
     )
   ]
-  return [blocking + rebase, eager, finals, workers, delayed, corrections]
+  seeded = [
+    row
+    for m in METHODS
+    for w in SEEDED_WORKERS
+    for row in (
+      Row(m, None, DEFAULT_OUTER[m], w),
+      Row(m, "eager", DEFAULT_OUTER[m], w, DEFAULT_CORRECTION[m]),
+      Row(m, TODAYS_BEST[m][0], TODAYS_BEST[m][1], w),
+    )
+  ]
+  return [blocking + rebase, eager, finals, workers, delayed, corrections, seeded]
 
 
 # Each step of plan(): whether it runs every seed (else seed 0).
-STEPS_SEEDS = (False, False, True, False, False, False)
+STEPS_SEEDS = (False, False, True, False, False, False, True)
 
 
 def add_options(parser) -> None:
@@ -290,7 +308,14 @@ def results(steps_rows, seeds, loss) -> dict:
   finals = [summary(r, seeds) for r in dict.fromkeys(steps_rows[2])]
   workers = [summary(r, seeds[:1]) for r in dict.fromkeys(steps_rows[3])]
   corrections = [summary(r, seeds[:1]) for r in dict.fromkeys(steps_rows[5])]
-  return {"grid": grid, "best": finals, "workers": workers, "corrections": corrections}
+  seeded = [summary(r, seeds) for r in dict.fromkeys(steps_rows[6])]
+  return {
+    "grid": grid,
+    "best": finals,
+    "workers": workers,
+    "corrections": corrections,
+    "seeded": seeded,
+  }
 
 
 def _fmt(x, spec=".4f"):
@@ -380,6 +405,33 @@ def markdown(report: dict, steps: int, study) -> list[str]:
       for r in report.get("corrections", [])
     ],
     align="lllrrrrr",
+  )
+  lines += [
+    "",
+    "Every seed at M in " + ", ".join(map(str, SEEDED_WORKERS)) + ": the blocking round, the "
+    "library's default with a round in flight and today's best settings:",
+    "",
+  ]
+  lines += studies.table(
+    ["method", "merge", "delay_correction", "outer rate", "momentum", "M", "loss per seed"]
+    + ["mean +- sd (n)", "vs blocking"],
+    [
+      [
+        r["method"],
+        r["merge"],
+        r["delay_correction"],
+        f"{r['outer_learning_rate']:g}",
+        f"{r['outer_momentum']:g}",
+        str(r["workers"]),
+        ", ".join(f"{x:.4f}" for x in r["losses"].values()) or "not yet run",
+        "-"
+        if r["mean"] is None
+        else f"{r['mean']:.4f} +- {r['spread']:.4f} (n={len(r['losses'])})",
+        _percent(r["vs_blocking"]),
+      ]
+      for r in report.get("seeded", [])
+    ],
+    align="lllrrrrrr",
   )
   return lines
 

@@ -416,7 +416,7 @@ def test_the_outer_study_takes_its_later_steps_from_the_earlier_ones():
     return 2.2 if (row.merge, row.outer) == best else 2.5
 
   steps = overlap_outer.plan(STUDY, 1024, {"lordo": 1e-2, "diloco": 1e-3}, loss)
-  blocking_and_rebase, grid, finals, workers, delayed, corrections = steps
+  blocking_and_rebase, grid, finals, workers, delayed, corrections, seeded = steps
   assert {r.merge for r in grid} == {"eager"} and len(grid) == 2 * len(overlap_outer.GRID) + 2
   assert overlap_outer.Row("lordo", "eager", (0.7, 0.0)) in finals
   assert overlap_outer.Row("diloco", "rebase", (0.7, 0.9)) in finals
@@ -446,6 +446,17 @@ def test_the_outer_study_takes_its_later_steps_from_the_earlier_ones():
     if r["outer_learning_rate"] == 1.0
   ]
   assert corrected["vs_blocking"] == pytest.approx(0.25)  # 2.5 against 2.0
+  # Every seed at the targets' M: blocking, the library's default, today's best.
+  assert {r.workers for r in seeded} == set(overlap_outer.SEEDED_WORKERS)
+  assert overlap_outer.Row("diloco", "eager", (0.7, 0.9), 8, "staleness") in seeded
+  assert overlap_outer.Row("lordo", "eager", (1.0, 0.0), 2, "none") in seeded
+  assert overlap_outer.Row("lordo", "eager", (0.7, 0.0), 8) in seeded
+  (default,) = [
+    r
+    for r in report["seeded"]
+    if r["method"] == "diloco" and r["merge"] == "eager" and r["workers"] == 2
+  ]
+  assert default["losses"] == {"0": 2.5, "1": 2.5, "2": 2.5}
 
 
 def made_up_runs(monkeypatch) -> list:
