@@ -178,27 +178,29 @@ def plan(study, steps, rates, loss) -> list[list[Row]]:
     for m in METHODS
     for w in WORKERS
   ]
-  corrections = [
-    row
-    for m in METHODS
-    for w in CORRECTION_WORKERS
-    for row in (
-      Row(m, None, DEFAULT_OUTER[m], w),
-      *(Row(m, "eager", outer, w, c) for outer in CORRECTED_OUTERS[m] for c in CORRECTIONS),
-      Row(m, TODAYS_BEST[m][0], TODAYS_BEST[m][1], w),
-    )
-  ]
-  seeded = [
-    row
-    for m in METHODS
-    for w in SEEDED_WORKERS
-    for row in (
-      Row(m, None, DEFAULT_OUTER[m], w),
-      Row(m, "eager", DEFAULT_OUTER[m], w, DEFAULT_CORRECTION[m]),
-      Row(m, TODAYS_BEST[m][0], TODAYS_BEST[m][1], w),
-    )
-  ]
+  corrections = _beside_blocking(
+    CORRECTION_WORKERS,
+    lambda m, w: [Row(m, "eager", o, w, c) for o in CORRECTED_OUTERS[m] for c in CORRECTIONS],
+  )
+  seeded = _beside_blocking(
+    SEEDED_WORKERS, lambda m, w: [Row(m, "eager", DEFAULT_OUTER[m], w, DEFAULT_CORRECTION[m])]
+  )
   return [blocking + rebase, eager, finals, workers, delayed, corrections, seeded]
+
+
+def _beside_blocking(workers, settings) -> list[Row]:
+  """Each method at each M of ``workers``: its blocking round, the rows
+  ``settings(method, M)`` and today's best settings."""
+  return [
+    row
+    for m in METHODS
+    for w in workers
+    for row in (
+      Row(m, None, DEFAULT_OUTER[m], w),
+      *settings(m, w),
+      Row(m, TODAYS_BEST[m][0], TODAYS_BEST[m][1], w),
+    )
+  ]
 
 
 # Each step of plan(): whether it runs every seed (else seed 0).
@@ -318,6 +320,23 @@ def results(steps_rows, seeds, loss) -> dict:
   }
 
 
+CORRECTED_COLUMNS = ("method", "merge", "delay_correction", "outer rate", "momentum", "M")
+
+
+def _corrected_setting(r: dict) -> list[str]:
+  """A row's cells under :data:`CORRECTED_COLUMNS`."""
+  outer = (f"{r['outer_learning_rate']:g}", f"{r['outer_momentum']:g}")
+  return [r["method"], r["merge"], r["delay_correction"], *outer, str(r["workers"])]
+
+
+def _seed_cells(r: dict) -> list[str]:
+  """A row's loss per seed and its mean +- spread (n), for a table of every seed."""
+  per_seed = ", ".join(f"{x:.4f}" for x in r["losses"].values()) or "not yet run"
+  if r["mean"] is None:
+    return [per_seed, "-"]
+  return [per_seed, f"{r['mean']:.4f} +- {r['spread']:.4f} (n={len(r['losses'])})"]
+
+
 def _fmt(x, spec=".4f"):
   return "-" if x is None else format(x, spec)
 
@@ -354,10 +373,7 @@ def markdown(report: dict, steps: int, study) -> list[str]:
         r["merge"],
         f"{r['outer_learning_rate']:g}",
         f"{r['outer_momentum']:g}",
-        ", ".join(f"{x:.4f}" for x in r["losses"].values()) or "not yet run",
-        "-"
-        if r["mean"] is None
-        else f"{r['mean']:.4f} +- {r['spread']:.4f} (n={len(r['losses'])})",
+        *_seed_cells(r),
         _percent(r["vs_blocking"]),
       ]
       for r in report["best"]
@@ -389,16 +405,10 @@ def markdown(report: dict, steps: int, study) -> list[str]:
     "",
   ]
   lines += studies.table(
-    ["method", "merge", "delay_correction", "outer rate", "momentum", "M", "final val loss"]
-    + ["vs blocking"],
+    [*CORRECTED_COLUMNS, "final val loss", "vs blocking"],
     [
       [
-        r["method"],
-        r["merge"],
-        r["delay_correction"],
-        f"{r['outer_learning_rate']:g}",
-        f"{r['outer_momentum']:g}",
-        str(r["workers"]),
+        *_corrected_setting(r),
         _fmt(r["mean"]),
         _percent(r["vs_blocking"]),
       ]
@@ -413,20 +423,11 @@ def markdown(report: dict, steps: int, study) -> list[str]:
     "",
   ]
   lines += studies.table(
-    ["method", "merge", "delay_correction", "outer rate", "momentum", "M", "loss per seed"]
-    + ["mean +- sd (n)", "vs blocking"],
+    [*CORRECTED_COLUMNS, "loss per seed", "mean +- sd (n)", "vs blocking"],
     [
       [
-        r["method"],
-        r["merge"],
-        r["delay_correction"],
-        f"{r['outer_learning_rate']:g}",
-        f"{r['outer_momentum']:g}",
-        str(r["workers"]),
-        ", ".join(f"{x:.4f}" for x in r["losses"].values()) or "not yet run",
-        "-"
-        if r["mean"] is None
-        else f"{r['mean']:.4f} +- {r['spread']:.4f} (n={len(r['losses'])})",
+        *_corrected_setting(r),
+        *_seed_cells(r),
         _percent(r["vs_blocking"]),
       ]
       for r in report.get("seeded", [])
