@@ -33,7 +33,11 @@ study's best inner rate), ``overlap="round"``:
 7. every seed at M in :data:`SEEDED_WORKERS` (the targets' worker counts) for the
    blocking round, the library's default with a round in flight (eager, each method's
    own outer optimizer and its default correction, :data:`DEFAULT_CORRECTION`) and
-   today's best settings.
+   today's best settings;
+8. the inner rate with a round in flight: the library's default and today's best
+   settings at M in :data:`SEEDED_WORKERS` at the other rates of the long-horizon
+   study's grid (:data:`INNER_RATES`), seed 0, against the blocking round at its tuned
+   rate.
 
 Every eager and delayed row of steps 1-5 takes its outer optimizer as it is
 (``delay_correction="none"``), as the study first ran them.
@@ -105,6 +109,8 @@ TODAYS_BEST = {"lordo": ("eager", (0.7, 0.0)), "diloco": ("rebase", (0.7, 0.9))}
 # The rebase merge with a whole round in flight (tau = K): at the method's own outer
 # optimizer and at the other method's kind of outer step.
 REBASE_OUTERS = {"lordo": ((1.0, 0.0), (0.7, 0.9)), "diloco": ((0.7, 0.9), (1.0, 0.0))}
+# The long-horizon study's inner rates but the tuned one (0.0125 and 0.0005), for step 8.
+INNER_RATES = {"lordo": (0.005, 0.03), "diloco": (0.001, 0.002)}
 
 
 def variant(
@@ -137,10 +143,12 @@ class Row:
   outer: tuple[float, float]
   workers: int = 8
   correction: str = "none"  # delay_correction, eager or delayed
+  inner_rate: float | None = None  # None: the method's tuned rate
 
   def spec(self, study, steps, rates, seed) -> lm_runs.RunSpec:
     built = variant(self.method, self.merge, self.outer, self.correction)
-    run = study.spec(built, rates[self.method], seed)
+    rate = rates[self.method] if self.inner_rate is None else self.inner_rate
+    run = study.spec(built, rate, seed)
     return dataclasses.replace(run, steps=steps, num_workers=self.workers)
 
 
@@ -185,7 +193,13 @@ def plan(study, steps, rates, loss) -> list[list[Row]]:
   seeded = _beside_blocking(
     SEEDED_WORKERS, lambda m, w: [Row(m, "eager", DEFAULT_OUTER[m], w, DEFAULT_CORRECTION[m])]
   )
-  return [blocking + rebase, eager, finals, workers, delayed, corrections, seeded]
+  inner = [
+    dataclasses.replace(row, inner_rate=rate)
+    for row in seeded
+    if row.merge is not None
+    for rate in INNER_RATES[row.method]
+  ]
+  return [blocking + rebase, eager, finals, workers, delayed, corrections, seeded, inner]
 
 
 def _beside_blocking(workers, settings) -> list[Row]:
@@ -204,7 +218,7 @@ def _beside_blocking(workers, settings) -> list[Row]:
 
 
 # Each step of plan(): whether it runs every seed (else seed 0).
-STEPS_SEEDS = (False, False, True, False, False, False, True)
+STEPS_SEEDS = (False, False, True, False, False, False, True, False)
 
 
 def add_options(parser) -> None:
@@ -311,12 +325,23 @@ def results(steps_rows, seeds, loss) -> dict:
   workers = [summary(r, seeds[:1]) for r in dict.fromkeys(steps_rows[3])]
   corrections = [summary(r, seeds[:1]) for r in dict.fromkeys(steps_rows[5])]
   seeded = [summary(r, seeds) for r in dict.fromkeys(steps_rows[6])]
+  at_rates = [
+    row
+    for tuned in steps_rows[6]
+    if tuned.merge is not None
+    for row in (
+      tuned,
+      *(r for r in steps_rows[7] if dataclasses.replace(r, inner_rate=None) == tuned),
+    )
+  ]
+  rates = [summary(r, seeds[:1]) | {"inner_rate": r.inner_rate} for r in dict.fromkeys(at_rates)]
   return {
     "grid": grid,
     "best": finals,
     "workers": workers,
     "corrections": corrections,
     "seeded": seeded,
+    "rates": rates,
   }
 
 
@@ -431,6 +456,26 @@ def markdown(report: dict, steps: int, study) -> list[str]:
         _percent(r["vs_blocking"]),
       ]
       for r in report.get("seeded", [])
+    ],
+    align="lllrrrrrr",
+  )
+  lines += [
+    "",
+    "The inner rate with a round in flight, seed 0: the library's default and today's best "
+    "settings at the tuned rate and the long-horizon grid's others, against the blocking "
+    "round at its tuned rate:",
+    "",
+  ]
+  lines += studies.table(
+    [*CORRECTED_COLUMNS, "inner rate", "final val loss", "vs blocking"],
+    [
+      [
+        *_corrected_setting(r),
+        "tuned" if r["inner_rate"] is None else f"{r['inner_rate']:g}",
+        _fmt(r["mean"]),
+        _percent(r["vs_blocking"]),
+      ]
+      for r in report.get("rates", [])
     ],
     align="lllrrrrrr",
   )

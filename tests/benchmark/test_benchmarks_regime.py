@@ -416,7 +416,7 @@ def test_the_outer_study_takes_its_later_steps_from_the_earlier_ones():
     return 2.2 if (row.merge, row.outer) == best else 2.5
 
   steps = overlap_outer.plan(STUDY, 1024, {"lordo": 1e-2, "diloco": 1e-3}, loss)
-  blocking_and_rebase, grid, finals, workers, delayed, corrections, seeded = steps
+  blocking_and_rebase, grid, finals, workers, delayed, corrections, seeded, rates = steps
   assert {r.merge for r in grid} == {"eager"} and len(grid) == 2 * len(overlap_outer.GRID) + 2
   assert overlap_outer.Row("lordo", "eager", (0.7, 0.0)) in finals
   assert overlap_outer.Row("diloco", "rebase", (0.7, 0.9)) in finals
@@ -457,6 +457,24 @@ def test_the_outer_study_takes_its_later_steps_from_the_earlier_ones():
     if r["method"] == "diloco" and r["merge"] == "eager" and r["workers"] == 2
   ]
   assert default["losses"] == {"0": 2.5, "1": 2.5, "2": 2.5}
+  # The round's settings of step 7 at the long-horizon grid's other inner rates, seed 0,
+  # each read against the blocking round at its tuned rate.
+  assert overlap_outer.Row("diloco", "eager", (0.7, 0.9), 8, "staleness", 0.002) in rates
+  assert overlap_outer.Row("lordo", "eager", (0.7, 0.0), 2, inner_rate=0.03) in rates
+  assert {r.merge for r in rates} == {"eager", "rebase"} and len(rates) == 2 * 2 * 2 * 2
+  assert (
+    rates[0].spec(STUDY, 1024, {"lordo": 1e-2, "diloco": 1e-3}, 0).learning_rate
+    in (overlap_outer.INNER_RATES[rates[0].method])
+  )
+  (faster,) = [
+    r
+    for r in report["rates"]
+    if r["method"] == "diloco" and r["workers"] == 8 and r["inner_rate"] == 0.002
+    if r["merge"] == "eager"
+  ]
+  assert faster["vs_blocking"] == pytest.approx(0.25) and faster["losses"] == {"0": 2.5}
+  tuned = [r for r in report["rates"] if r["inner_rate"] is None]
+  assert len(tuned) == 2 * 2 * 2 and all(r["merge"] != "blocking" for r in tuned)
 
 
 def made_up_runs(monkeypatch) -> list:
@@ -510,6 +528,9 @@ def test_the_outer_studys_quick_mode_trains_every_row_at_eight_workers(tmp_path,
   }
   assert all(r["mean"] is not None for r in at_8)
   assert "| delay_correction |" in (tmp_path / "overlap_outer.md").read_text()
+  rates = {spec.learning_rate for spec in asked if spec.variant.name.startswith("diloco_round")}
+  assert rates >= set(overlap_outer.INNER_RATES["diloco"])  # step 8's runs
+  assert all(r["mean"] is not None for r in report["rates"] if r["workers"] == 8)
   assert (tmp_path / "overlap_outer.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
