@@ -29,9 +29,9 @@ from tests.helpers.lm_example import train
 
 pytestmark = pytest.mark.timeout(300, method="thread")
 
-M, N, K = 4, 32, 8  # workers saved on, steps, sync_every
-B, MID = 2 * K, 12  # the boundary saved at (end of round 2); a stop mid-round 2
-CONFIG = lm_example.short_run(M, N, K, eval_every=8)
+M, N, K = 4, 16, 4  # workers saved on, steps, sync_every
+B, MID = 2 * K, 2 * K - K // 2  # the boundary saved at (end of round 2); a stop mid-round 2
+CONFIG = lm_example.short_run(M, N, K, eval_every=K)
 
 
 def run(config, workers: int, **changes):
@@ -56,8 +56,8 @@ def main_py(config, *args: str, out) -> tuple[str, list]:
 
 @pytest.fixture(scope="module")
 def saved_at_boundary(tmp_path_factory):
-  """The run on 4 workers stopped after step 16, the end of round 2, through
-  ``examples/main.py``; it saved at step 12 too."""
+  """The run on 4 workers stopped after step B, the end of round 2, through
+  ``examples/main.py``; it saved at step MID (mid-round) too."""
   root = tmp_path_factory.mktemp("boundary")
   args = ("--checkpoint-dir", str(root), "--stop-after", str(B), "--checkpoint-every", str(MID))
   (result,) = main_py(CONFIG, *args, out=root)
@@ -66,8 +66,8 @@ def saved_at_boundary(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def saved_mid_round(saved_at_boundary, tmp_path_factory):
-  """The run on 4 workers as if stopped after step 12, mid-round 2: its checkpoint of
-  step 12 alone (``copy_checkpoint``), its config."""
+  """The run on 4 workers as if stopped after step MID, mid-round 2: its checkpoint of
+  step MID alone (``copy_checkpoint``), its config."""
   directory = tmp_path_factory.mktemp("mid_round") / "ckpt"
   lm_example.copy_checkpoint(saved_at_boundary[0].checkpoint_dir, directory, MID)
   return dataclasses.replace(CONFIG, checkpoint_dir=str(directory))
@@ -122,9 +122,9 @@ def test_after_the_remap_a_stop_and_resume_is_the_run_that_never_stopped(
 ):
   straight_config, straight = moved_to_2
   stopped_config = copied(saved_at_boundary[0], tmp_path)
-  run(stopped_config, 2, resume=True, stop_after=B + 4)  # mid-round, on the new workers
+  run(stopped_config, 2, resume=True, stop_after=B + K // 2)  # mid-round, on the new workers
   resumed = run(stopped_config, 2, resume=True)
-  assert resumed.resumed_from == B + 4
+  assert resumed.resumed_from == B + K // 2
   assert_same_run(resumed, stopped_config, straight, straight_config)
 
 
@@ -134,7 +134,7 @@ def test_mid_round_is_refused_in_one_line_unless_the_round_restarts(saved_mid_ro
     run(config, 2, resume=True)
   message = str(error.value)
   assert "\n" not in message
-  assert "saved mid-round (update 12)" in message
+  assert f"saved mid-round (update {MID})" in message
   assert message.endswith("In this job: --resume-mid-round restart, or --workers 4.")
   resumed = run(config, 2, resume=True, resume_mid_round="restart")
   assert resumed.resumed_from == MID and len(resumed.train_loss) == N

@@ -117,13 +117,20 @@ def _layout(sharding, ndim: int):
   return spec[:ndim], sharding.memory_kind or "device"
 
 
+@functools.cache
+def initial_state(tx, workers: int):
+  """``tx.init`` inside the step on ``workers`` x 2 devices (``Explicit`` axes), compiled
+  once per optimizer and number of workers."""
+  explicit = _mesh(workers, AxisType.Explicit)
+  shardings = jax.tree.map(lambda a: a.sharding, _abstract_params(explicit))
+  placed = jax.device_put(fresh(tx, workers)[0], shardings)
+  return jax.jit(_manual(explicit)(_one_worker(tx.init)))(placed)
+
+
 def assert_placed_as_a_fresh_state(job: Job, params, state):
   """Every leaf carries the job's sharding, which is the layout ``tx.init`` gives inside
   the step on these devices (``Explicit`` axes): split over ``fsdp`` like its parameter."""
-  explicit = _mesh(job.mesh.shape[AXIS], AxisType.Explicit)
-  shardings = jax.tree.map(lambda a: a.sharding, _abstract_params(explicit))
-  placed = jax.device_put(fresh(job.tx, job.mesh.shape[AXIS])[0], shardings)
-  initial = jax.jit(_manual(explicit)(_one_worker(job.tx.init)))(placed)
+  initial = initial_state(job.tx, job.mesh.shape[AXIS])
   want = (job.params, job.state)
   assert jax.tree.structure((params, state)) == jax.tree.structure(want)
   for leaf, sharding in zip(jax.tree.leaves((params, state)), jax.tree.leaves(want), strict=True):
@@ -149,9 +156,11 @@ def saved_run(axis_type, offload: bool = False):
   return saved, at_boundary, mid_round
 
 
+@functools.cache
 def continued(axis_type, offload: bool = False):
   """The saved run remapped to 2 workers, placed, checked and trained to step 12; and the
-  reference, 2 workers started from worker 0's synchronised state."""
+  reference, 2 workers started from worker 0's synchronised state (computed once: the
+  test of offload compares with the run without it)."""
   _, (params, state), _ = saved_run(axis_type, offload)
   host_params, host_state = jax.device_get((params, state))
   # At a boundary LoRDO's workers hold one state, every leaf of it.
