@@ -48,6 +48,14 @@ def library_run(tx, phase=lambda step: None) -> list[np.ndarray]:
   return history, state
 
 
+@functools.cache
+def traced_run(method: str, **options):
+  """``library_run`` of ``lordo_jax.<method>(LR, sync_every=K, axis_name=workers.AXIS,
+  **options)``, each step's phase traced: one run, shared by the tests that read it."""
+  tx = getattr(lordo_jax, method)(LR, sync_every=K, axis_name=workers.AXIS, **options)
+  return library_run(tx)
+
+
 def _step(tx, params, state, centre, t, phase=None):
   grads = centre * jnp.cos(t) + 0.3 * params
   updates, state = tx.update(grads, state, params, overlap_phase=phase)
@@ -107,8 +115,7 @@ def test_local_adam_with_its_moments_corrected_equals_the_reference(merge):
 
 
 def test_every_step_sends_one_chunk_and_the_ledger_counts_it():
-  tx = lordo_jax.diloco(LR, sync_every=K, axis_name=workers.AXIS, overlap="round")
-  _, state = library_run(tx)
+  _, state = traced_run("diloco", overlap="round")
   elements, nbytes, calls = workers.ledger_numbers(state.ledger)
   chunk = -(-PARAMS0.size // K)
   assert calls == STEPS and elements == STEPS * chunk and nbytes == 4 * elements
@@ -195,15 +202,14 @@ def test_a_window_of_tau_steps_equals_the_reference(tau, merge, alpha):
 
 @pytest.mark.parametrize("tau", [1, 2])
 def test_a_window_with_local_adams_moments_equals_the_reference(tau):
-  tx = lordo_jax.local_adam(LR, sync_every=K, axis_name=workers.AXIS, overlap=tau)
   setup = ref.Setup(workers=M, sync_every=K, tau=tau, inner="adam", learning_rate=LR)
-  library, _ = library_run(tx)
+  library, _ = traced_run("local_adam", overlap=tau)  # the default merge, rebase
   _close(library, ref.run(setup, PARAMS0, reference_grads, STEPS), atol=5e-5)
 
 
 def test_a_window_sends_tau_chunks_a_round():
   tau = 2
-  _, state = library_run(lordo_jax.diloco(LR, sync_every=K, axis_name=workers.AXIS, overlap=tau))
+  _, state = traced_run("diloco", overlap=tau)
   elements, _, calls = workers.ledger_numbers(state.ledger)
   sent_steps = [t for t in range(K + 1, STEPS + 1) if (t - 1) % K < tau]  # 4, 5, 7, 8, 10
   assert calls == len(sent_steps) == 5 and elements == 5 * -(-PARAMS0.size // tau)
@@ -230,11 +236,10 @@ def _phase_of(tau):
 @pytest.mark.parametrize("tau", [1, 2])
 @pytest.mark.parametrize("merge", ["rebase", "streaming"])
 def test_the_static_phase_gives_the_traced_paths_numbers(tau, merge):
-  alpha = 0.5 if merge == "streaming" else 0.0
-  tx = lordo_jax.local_adam(
-    LR, sync_every=K, axis_name=workers.AXIS, overlap=tau, merge=merge, merge_alpha=alpha
-  )
-  traced, traced_state = library_run(tx)
+  # Rebase is the window's default merge: the traced run is the reference's above.
+  options = {"merge": merge, "merge_alpha": 0.5} if merge == "streaming" else {}
+  tx = lordo_jax.local_adam(LR, sync_every=K, axis_name=workers.AXIS, overlap=tau, **options)
+  traced, traced_state = traced_run("local_adam", overlap=tau, **options)
   static, static_state = library_run(tx, _phase_of(tau))
   np.testing.assert_array_equal(np.stack(static), np.stack(traced))
   assert workers.ledger_numbers(static_state.ledger) == workers.ledger_numbers(traced_state.ledger)
@@ -244,7 +249,7 @@ def test_the_static_phase_gives_the_traced_paths_numbers(tau, merge):
 def test_a_wrong_phase_costs_bytes_never_numbers(wrong):
   tau = 2
   tx = lordo_jax.diloco(LR, sync_every=K, axis_name=workers.AXIS, overlap=tau)
-  traced, traced_state = library_run(tx)
+  traced, traced_state = traced_run("diloco", overlap=tau)
   wrong_run, wrong_state = library_run(tx, lambda step: wrong)
   np.testing.assert_array_equal(np.stack(wrong_run), np.stack(traced))
   calls = workers.ledger_numbers(wrong_state.ledger)[2]
@@ -297,6 +302,19 @@ def _fixed_grads_step(tx, params, state, centre, t):
   return optax.apply_updates(params, updates), state
 
 
+@functools.cache
+def _fixed_grads_state(overlap, merge, compression):
+  """The state after 4 rounds of SGD inside on :func:`_fixed_grads_step`'s gradients (the
+  uncompressed run shared by both codecs)."""
+  tx = _sgd_inside(overlap=overlap, merge=merge, compression=compression)
+  step = workers.on_workers(functools.partial(_fixed_grads_step, tx), M)
+  params = workers.stack(jnp.asarray(PARAMS0, jnp.float32), M)
+  state = workers.stack(tx.init(params[0]), M)
+  for t in range(1, 4 * K + 1):
+    params, state = step(params, state, jnp.asarray(CENTRES), jnp.full((M,), t, jnp.float32))
+  return state
+
+
 @pytest.mark.parametrize("codec", ["int8", "bfloat16"])
 @pytest.mark.parametrize("overlap, merge", [("round", "delayed"), (2, "streaming")])
 def test_compressed_chunks_lose_nothing_the_residual_does_not_hold(codec, overlap, merge):
@@ -305,12 +323,7 @@ def test_compressed_chunks_lose_nothing_the_residual_does_not_hold(codec, overla
   (per chunk, MATH.md §9) is the uncompressed anchor, to float rounding."""
   anchors = []
   for compression in (None, codec):
-    tx = _sgd_inside(overlap=overlap, merge=merge, compression=compression)
-    step = workers.on_workers(functools.partial(_fixed_grads_step, tx), M)
-    params = workers.stack(jnp.asarray(PARAMS0, jnp.float32), M)
-    state = workers.stack(tx.init(params[0]), M)
-    for t in range(1, 4 * K + 1):
-      params, state = step(params, state, jnp.asarray(CENTRES), jnp.full((M,), t, jnp.float32))
+    state = _fixed_grads_state(overlap, merge, compression)
     anchor = np.asarray(state.anchor[0], np.float64)
     if compression:
       flight = state.in_flight

@@ -85,12 +85,36 @@ def _landings(setup) -> int:
   return sum(not np.array_equal(a, b) for a, b in zip(anchors, anchors[1:], strict=False))
 
 
+def _fragments(spec):
+  """The ``fragments`` option of ``spec``: an int as it is; ``(leaf, fragment)`` pairs as a
+  function of the params that gives them."""
+  return spec if isinstance(spec, int) else lambda params: dict(spec)
+
+
+@functools.cache
+def adam_run(tau, merge, alpha, fragments):
+  """``library_run`` of Local Adam with ``overlap=tau`` and ``_fragments(fragments)``, each
+  step's phase traced: one run, shared by the tests that read it."""
+  tx = lordo_jax.local_adam(
+    LR,
+    sync_every=K,
+    axis_name=workers.AXIS,
+    overlap=tau,
+    merge=merge,
+    merge_alpha=alpha,
+    fragments=_fragments(fragments),
+  )
+  return tx, library_run(tx)
+
+
+PAIRS_TWO = tuple(TWO.items())
+# ``fragments``: an int, or the (leaf, fragment) pairs a function of the params gives.
 CASES = pytest.mark.parametrize(
   "tau, merge, alpha, fragments, labels",
   [
-    (1, "rebase", 0.0, lambda p: TWO, TWO),
-    (2, "rebase", 0.0, lambda p: TWO, TWO),
-    (2, "streaming", 0.5, lambda p: {"a": 1, "b": 0, "c": 0}, {"a": 1, "b": 0, "c": 0}),
+    (1, "rebase", 0.0, PAIRS_TWO, TWO),
+    (2, "rebase", 0.0, PAIRS_TWO, TWO),
+    (2, "streaming", 0.5, (("a", 1), ("b", 0), ("c", 0)), {"a": 1, "b": 0, "c": 0}),
     (1, "streaming", 0.0, 3, {"a": 0, "b": 1, "c": 2}),  # equal leaves: one each
   ],
   ids=["tau1-rebase-F2", "tau2-rebase-F2", "tau2-streaming-F2", "tau1-streaming0-F3"],
@@ -112,7 +136,7 @@ def test_sgd_with_a_nesterov_outer_equals_the_reference(tau, merge, alpha, fragm
     overlap=tau,
     merge=merge,
     merge_alpha=alpha,
-    fragments=fragments,
+    fragments=_fragments(fragments),
   )
   setup = ref.Setup(
     workers=M,
@@ -134,15 +158,6 @@ def test_sgd_with_a_nesterov_outer_equals_the_reference(tau, merge, alpha, fragm
 def test_local_adams_moments_corrected_per_fragment_equal_the_reference(
   tau, merge, alpha, fragments, labels
 ):
-  tx = lordo_jax.local_adam(
-    LR,
-    sync_every=K,
-    axis_name=workers.AXIS,
-    overlap=tau,
-    merge=merge,
-    merge_alpha=alpha,
-    fragments=fragments,
-  )
   setup = ref.Setup(
     workers=M,
     sync_every=K,
@@ -153,7 +168,7 @@ def test_local_adams_moments_corrected_per_fragment_equal_the_reference(
     learning_rate=LR,
     fragment_of=_labels(labels),
   )
-  library, _ = library_run(tx)
+  _, (library, _) = adam_run(tau, merge, alpha, fragments)
   _close(library, ref.run(setup, PARAMS0, reference_grads, STEPS), atol=5e-5)
 
 
@@ -176,25 +191,30 @@ def _phase(tau, fragments):
 
 @pytest.mark.parametrize("tau", [1, 2])
 def test_the_static_phase_gives_the_traced_paths_numbers_and_bytes(tau):
-  tx = lordo_jax.local_adam(
-    LR, sync_every=K, axis_name=workers.AXIS, overlap=tau, fragments=lambda p: TWO
-  )
-  traced, traced_state = library_run(tx)
+  # The traced run is the one the reference test's tau-rebase-F2 cases above checked.
+  tx, (traced, traced_state) = adam_run(tau, "rebase", 0.0, PAIRS_TWO)
   static, static_state = library_run(tx, _phase(tau, 2))
   np.testing.assert_array_equal(np.stack(static), np.stack(traced))
   assert workers.ledger_numbers(static_state.ledger) == workers.ledger_numbers(traced_state.ledger)
+
+
+@functools.cache
+def diloco_run(tau):
+  """DiLoCo with ``overlap=tau`` and 2 fragments, and its ``library_run``, each step's
+  phase traced: one run, shared by the tests that read it."""
+  tx = lordo_jax.diloco(LR, sync_every=K, axis_name=workers.AXIS, overlap=tau, fragments=2)
+  return tx, library_run(tx)
 
 
 def test_a_phase_computed_without_the_fragments_is_never_a_wrong_number():
   """The phase of one fragment (``fragments`` left out) marks only the last fragment's
   sends: the others' chunks go back inside a conditional, with the same numbers and
   bytes as the traced path."""
-  tau = 1
+  tau = 2
   marked = [s + 1 for s in range(STEPS) if _phase(tau, 1)(s) == "send"]
   sends = [s + 1 for s in range(STEPS) if _phase(tau, 2)(s) == "send"]
   assert set(marked) < set(sends)
-  tx = lordo_jax.diloco(LR, sync_every=K, axis_name=workers.AXIS, overlap=tau, fragments=2)
-  traced, traced_state = library_run(tx)
+  tx, (traced, traced_state) = diloco_run(tau)
   wrong, wrong_state = library_run(tx, _phase(tau, 1))
   np.testing.assert_array_equal(np.stack(wrong), np.stack(traced))
   assert workers.ledger_numbers(wrong_state.ledger) == workers.ledger_numbers(traced_state.ledger)
@@ -210,8 +230,7 @@ def test_the_phase_of_every_step_with_fragments():
 
 def test_each_chunk_is_the_widest_fragments_width_and_the_ledger_counts_it():
   tau = 2
-  tx = lordo_jax.diloco(LR, sync_every=K, axis_name=workers.AXIS, overlap=tau, fragments=2)
-  _, state = library_run(tx)
+  _, (_, state) = diloco_run(tau)
   elements, nbytes, calls = workers.ledger_numbers(state.ledger)
   sends = [t for t in range(1, STEPS + 1) if _phase(tau, 2)(t - 1) == "send"]
   widest = max(12, 6)  # fragment_labels(…, 2): leaves a, b (12 values) and c (6)
@@ -222,32 +241,37 @@ def test_each_chunk_is_the_widest_fragments_width_and_the_ledger_counts_it():
     assert buffer.shape[1:] == (tau, -(-widest // tau))
 
 
+def _fixed_grads_step(tx, params, state, centre, t, phase=None):
+  updates, state = tx.update(jax.tree.map(lambda c: c * jnp.cos(t), _split(centre)), state, params)
+  return optax.apply_updates(params, updates), state
+
+
+@functools.cache
+def _fixed_grads_state(tau, compression):
+  """The last state of SGD inside on :func:`_fixed_grads_step`'s gradients, fragments
+  ``TWO`` (the uncompressed run shared by both codecs)."""
+  tx = lordo_jax.synchronize(
+    optax.sgd(LR),
+    sync_every=K,
+    axis_name=workers.AXIS,
+    first_moment_every=None,
+    second_moment_every=None,
+    overlap=tau,
+    fragments=lambda p: TWO,
+    compression=compression,
+  )
+  return library_run(tx, step=_fixed_grads_step)[1]
+
+
 @pytest.mark.parametrize("codec", ["int8", "bfloat16"])
 def test_compressed_fragments_lose_nothing_their_residuals_do_not_hold(codec):
   """SGD inside on gradients that ignore the parameters: every pseudo-gradient is the
   same with and without compression, so the anchor minus the workers' mean residual of
   each fragment (its own rows of the residual) is the uncompressed anchor."""
   tau = 2
-
-  def step(tx, params, state, centre, t, phase=None):
-    updates, state = tx.update(
-      jax.tree.map(lambda c: c * jnp.cos(t), _split(centre)), state, params
-    )
-    return optax.apply_updates(params, updates), state
-
   anchors = []
   for compression in (None, codec):
-    tx = lordo_jax.synchronize(
-      optax.sgd(LR),
-      sync_every=K,
-      axis_name=workers.AXIS,
-      first_moment_every=None,
-      second_moment_every=None,
-      overlap=tau,
-      fragments=lambda p: TWO,
-      compression=compression,
-    )
-    _, state = library_run(tx, step=step)
+    state = _fixed_grads_state(tau, compression)
     anchor = _joined(jax.tree.map(lambda x: np.asarray(x[0], np.float64), state.anchor))
     if compression:
       fed = np.mean(state.in_flight.residual, axis=0)  # rows: fragment 0's, fragment 1's

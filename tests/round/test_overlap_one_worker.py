@@ -8,6 +8,8 @@ Run as a user runs one worker: one simulated device under ``shard_map``, a regre
 K = 4, 24 steps.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -33,9 +35,11 @@ METHODS = {
 }
 
 
-def _run(tx):
-  """The one worker's params and state after every step."""
-  one = multiworker.Workers(tx, PARAMS, 1)
+@functools.cache
+def _run(method, **options):
+  """The one worker's params and state after every step of ``METHODS[method](**options)``:
+  one run, shared by the tests that read it (the blocking runs by several)."""
+  one = multiworker.Workers(METHODS[method](**options), PARAMS, 1)
   history = []
   for t in range(STEPS):
     one.step(DATA["x"][t], DATA["y"][t])
@@ -53,8 +57,8 @@ def test_eager_and_rebase_with_one_worker_are_the_blocking_round(method, merge):
   """Eager's fresh pseudo-gradient is the whole mean; rebase keeps the worker's steps
   and adds the mean minus its own message, nothing, under the averaging outer (DiLoCo's
   Nesterov outer moves a rebased worker off the blocking round: not a case)."""
-  blocking = _run(METHODS[method]())
-  eager = _run(METHODS[method](overlap="round", merge=merge))
+  blocking = _run(method)
+  eager = _run(method, overlap="round", merge=merge)
   for t, ((want, want_state), (got, got_state)) in enumerate(
     zip(blocking, eager, strict=True), start=1
   ):
@@ -77,8 +81,8 @@ def test_a_corrected_eager_round_with_one_worker_is_the_blocking_round(method, c
   """Each delay correction (MATH.md §9) leaves one worker's eager round as it was: the
   step's scale is 1 and the stale part, the mean minus the worker's own message, is
   nothing."""
-  blocking = _run(METHODS[method]())
-  corrected = _run(METHODS[method](overlap="round", delay_correction=correction))
+  blocking = _run(method)
+  corrected = _run(method, overlap="round", delay_correction=correction)
   for t, ((want, _), (got, _)) in enumerate(zip(blocking, corrected, strict=True), start=1):
     for leaf in ("w", "b"):
       scale = np.max(np.abs(want[leaf] - PARAMS[leaf])) + 1e-12

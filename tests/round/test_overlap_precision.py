@@ -38,6 +38,13 @@ METHODS = {
 OVERLAPS = pytest.mark.parametrize("overlap", [1, "round"])
 
 
+@functools.cache
+def _tx(method, **options):
+  """``METHODS[method]`` on the workers with ``options``: one optimizer per configuration,
+  so that the runs and the programs read below share their compiled steps."""
+  return METHODS[method][0](axis_name=workers.AXIS, **options)
+
+
 def _grads(params, centre, t):
   return jax.tree.map(lambda c, p: (c * jnp.cos(t) + 0.3 * p).astype(p.dtype), centre, params)
 
@@ -47,23 +54,26 @@ def _step(tx, params, state, centre, t, phase=None):
   return optax.apply_updates(params, updates), state
 
 
-def _on_workers(fn, compiler_options=None):
-  """``fn``, written for one worker, on 4 (``workers.on_workers``), compiled with
-  ``compiler_options``."""
+@functools.cache
+def _program(tx, step, phase, compiler_options=()):
+  """``step`` of ``tx`` at ``phase``, written for one worker, jitted on 4 (as
+  ``workers.on_workers`` does, every argument kept) and compiled with ``compiler_options``
+  (pairs); and its mesh. One program per configuration: a run's step is the program
+  whose text is read below."""
   mesh = jax.make_mesh((M,), (workers.AXIS,))
   spec = jax.sharding.PartitionSpec(workers.AXIS)
+  fn = functools.partial(step, tx, phase=phase)
   body = lambda *args: jax.tree.map(  # noqa: E731
     lambda x: x[None], fn(*jax.tree.map(lambda x: x[0], args))
   )
   mapped = jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec)
-  mapped = jax.jit(mapped, compiler_options=compiler_options)
-  return lambda *args: jax.device_get(jax.block_until_ready(mapped(*workers.shard(args, mesh))))
+  return mesh, jax.jit(mapped, keep_unused=True, compiler_options=dict(compiler_options) or None)
 
 
 def _run(tx, dtype, steps, overlap=None, step=_step, compiler_options=None):
   """Every step's (params, state) of ``tx`` on 4 workers, params in ``dtype``, each step
   ``step``; each step's ``overlap_phase`` static (one program per phase)."""
-  programs, history = {}, []
+  history = []
   params = workers.stack(jax.tree.map(lambda x: jnp.asarray(x, dtype), PARAMS0), M)
   state = workers.stack(tx.init(jax.tree.map(lambda x: x[0], params)), M)
   centres = jax.tree.map(lambda c: jnp.asarray(c, jnp.float32), CENTRES)
@@ -71,9 +81,9 @@ def _run(tx, dtype, steps, overlap=None, step=_step, compiler_options=None):
     phase = (
       None if overlap is None else lordo_jax.overlap_phase(t - 1, sync_every=K, overlap=overlap)
     )
-    if phase not in programs:
-      programs[phase] = _on_workers(functools.partial(step, tx, phase=phase), compiler_options)
-    params, state = programs[phase](params, state, centres, jnp.full((M,), t, jnp.float32))
+    mesh, program = _program(tx, step, phase, tuple((compiler_options or {}).items()))
+    args = workers.shard((params, state, centres, jnp.full((M,), t, jnp.float32)), mesh)
+    params, state = jax.device_get(jax.block_until_ready(program(*args)))
     history.append((params, state))
   return history
 
@@ -87,33 +97,31 @@ def _round_bytes(history) -> tuple[int, int]:
   return after[0] - before[0], after[1] - before[1]
 
 
+@functools.cache
+def _blocking_round_bytes(method, dtype) -> tuple[int, int]:
+  """:func:`_round_bytes` of ``method``'s blocking round (shared by both overlaps)."""
+  return _round_bytes(_run(_tx(method), dtype, 3 * K + 1))
+
+
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=["bf16", "f32"])
 @pytest.mark.parametrize("method", sorted(METHODS))
 @OVERLAPS
 def test_a_round_in_flight_sends_the_blocking_rounds_bytes(method, overlap, dtype):
-  make, moments = METHODS[method]
-  blocking = _round_bytes(_run(make(axis_name=workers.AXIS), dtype, 3 * K + 1))
-  flight = _round_bytes(
-    _run(make(axis_name=workers.AXIS, overlap=overlap), dtype, 3 * K + 1, overlap)
-  )
+  _, moments = METHODS[method]
+  blocking = _blocking_round_bytes(method, dtype)
+  flight = _round_bytes(_run(_tx(method, overlap=overlap), dtype, 3 * K + 1, overlap))
   # The pseudo-gradient in the parameters' dtype, the moments in float32 (their state's).
   assert blocking == (DELTA + moments, jnp.dtype(dtype).itemsize * DELTA + 4 * moments)
   assert flight == blocking
 
 
 def _compiled(tx, dtype, phase):
-  """The lowered (before XLA's passes) and compiled texts of one sending step."""
+  """The lowered (before XLA's passes) and compiled texts of one sending step: the
+  program of :func:`_run`'s step at ``phase`` (compiled there if the run came first)."""
   params = workers.stack(jax.tree.map(lambda x: jnp.asarray(x, dtype), PARAMS0), M)
   state = workers.stack(tx.init(jax.tree.map(lambda x: x[0], params)), M)
   centres = jax.tree.map(lambda c: jnp.asarray(c, jnp.float32), CENTRES)
-  mesh = jax.make_mesh((M,), (workers.AXIS,))
-
-  def body(*args):
-    args = jax.tree.map(lambda x: x[0], args)
-    return jax.tree.map(lambda x: x[None], _step(tx, *args, phase=phase))
-
-  spec = jax.sharding.PartitionSpec(workers.AXIS)
-  step = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec), keep_unused=True)
+  mesh, step = _program(tx, _step, phase)
   lowered = step.lower(*workers.shard((params, state, centres, jnp.ones((M,))), mesh))
   n_params, n_state = len(jax.tree.leaves(params)), len(jax.tree.leaves(state))
   computed = set(range(n_params)) | {n_params + n_state + i for i in range(n_params + 1)}
@@ -127,11 +135,9 @@ def test_the_program_sends_the_chunk_in_bfloat16_and_the_moments_in_float32(meth
   XLA's passes (the CPU backend widens a bfloat16 all-reduce to float32, a GPU's NCCL
   does not), where and how much from the compiled program. The blocking round's program
   sends the same bytes in its sync's conditional."""
-  make, moments = METHODS[method]
+  _, moments = METHODS[method]
   chunks = K if overlap == "round" else overlap
-  lowered, compiled, computed = _compiled(
-    make(axis_name=workers.AXIS, overlap=overlap), jnp.bfloat16, "send"
-  )
+  lowered, compiled, computed = _compiled(_tx(method, overlap=overlap), jnp.bfloat16, "send")
   sent = hlo.collectives_by_depth(lowered)
   assert sent.keys() == {0}  # one chunk a step, outside any conditional
   # Its parts: the pseudo-gradient's slice, 2 bytes an element, and the moments', 4.
@@ -143,7 +149,7 @@ def test_the_program_sends_the_chunk_in_bfloat16_and_the_moments_in_float32(meth
   assert len(hlo.collective_inputs(compiled)) == 1  # one all-reduce of both parts
   (on_cpu,) = hlo.collectives_by_depth(compiled)[0]
   assert on_cpu[0] == (DELTA + moments) // chunks
-  blocking, _, _ = _compiled(make(axis_name=workers.AXIS), jnp.bfloat16, None)
+  blocking, _, _ = _compiled(_tx(method), jnp.bfloat16, None)
   synced = [b for ops in hlo.collectives_by_depth(blocking).values() for _, b in ops]
   assert sum(synced) == chunks * sum(b for _, b in sent[0]) == 2 * DELTA + 4 * moments
 

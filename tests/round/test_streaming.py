@@ -108,10 +108,18 @@ STREAMED = {
 }
 
 
+DILOCO_OUTER_LR = 0.7
+DRIVEN = STREAMED | {
+  "diloco": lambda k: lordo_jax.diloco(
+    1e-2, sync_every=k, fragments=F, axis_name=workers.AXIS, outer_learning_rate=DILOCO_OUTER_LR
+  ),
+}
+
+
 @functools.cache
 def driven(method):
-  """``_drive`` of ``STREAMED[method]``, shared by the tests that read it."""
-  return _drive(STREAMED[method])
+  """``_drive`` of ``DRIVEN[method]``, shared by the tests that read it."""
+  return _drive(DRIVEN[method])
 
 
 @pytest.mark.parametrize("method", sorted(STREAMED))
@@ -126,14 +134,10 @@ def test_each_fragment_syncs_once_per_round_to_the_mean(method):
 
 
 def test_streamed_diloco_matches_a_numpy_reference_with_one_momentum_per_fragment():
-  lr, momentum = 0.7, 0.9
+  lr, momentum = DILOCO_OUTER_LR, 0.9
   anchor = {n: np.asarray(v, np.float64) for n, v in PARAMS.items()}
   trace = {n: np.zeros_like(v) for n, v in anchor.items()}
-  _, _, syncs, _ = _drive(
-    lambda k: lordo_jax.diloco(
-      1e-2, sync_every=k, fragments=F, axis_name=workers.AXIS, outer_learning_rate=lr
-    )
-  )
+  _, _, syncs, _ = driven("diloco")
   assert len(syncs) == F * ROUNDS
   for f, local, synced in syncs:
     for name in (n for n, g in FRAGMENT_OF.items() if g == f):
@@ -152,8 +156,17 @@ def _bytes_per_step(tx):
 @pytest.mark.parametrize(
   ("build", "streamed"),
   [
-    (lambda f: lordo_jax.diloco(1e-2, sync_every=K, fragments=f, axis_name=workers.AXIS), None),
-    # Streamed: the run of the per-fragment checks above, not compiled a second time.
+    # Streamed: the runs of the per-fragment checks above, not compiled a second time.
+    (
+      lambda f: lordo_jax.diloco(
+        1e-2,
+        sync_every=K,
+        fragments=f,
+        axis_name=workers.AXIS,
+        outer_learning_rate=DILOCO_OUTER_LR,
+      ),
+      "diloco",
+    ),
     (
       lambda f: lordo_jax.lordo(1e-2, rank=2, sync_every=K, fragments=f, axis_name=workers.AXIS),
       "lordo",
