@@ -37,7 +37,9 @@ study's best inner rate), ``overlap="round"``:
 8. the inner rate with a round in flight: the library's default and today's best
    settings at M in :data:`SEEDED_WORKERS` at the other rates of the long-horizon
    study's grid (:data:`INNER_RATES`), seed 0, against the blocking round at its tuned
-   rate.
+   rate;
+9. every seed of each of step 8's rows at its best inner rate, where that is not the
+   tuned one (whose seeds step 7 ran), against the blocking round at its tuned rate.
 
 Every eager and delayed row of steps 1-5 takes its outer optimizer as it is
 (``delay_correction="none"``), as the study first ran them.
@@ -199,7 +201,19 @@ def plan(study, steps, rates, loss) -> list[list[Row]]:
     if row.merge is not None
     for rate in INNER_RATES[row.method]
   ]
-  return [blocking + rebase, eager, finals, workers, delayed, corrections, seeded, inner]
+  at_best_rate = [
+    best_rate
+    for row in seeded
+    if row.merge is not None
+    for best_rate in best([row, *(r for r in inner if _at_tuned_rate(r) == row)], loss)[:1]
+    if best_rate.inner_rate is not None and loss(best_rate, 0) is not None
+  ]
+  steps = [blocking + rebase, eager, finals, workers, delayed, corrections, seeded, inner]
+  return steps + [at_best_rate]
+
+
+def _at_tuned_rate(row: Row) -> Row:
+  return dataclasses.replace(row, inner_rate=None)
 
 
 def _beside_blocking(workers, settings) -> list[Row]:
@@ -218,7 +232,7 @@ def _beside_blocking(workers, settings) -> list[Row]:
 
 
 # Each step of plan(): whether it runs every seed (else seed 0).
-STEPS_SEEDS = (False, False, True, False, False, False, True, False)
+STEPS_SEEDS = (False, False, True, False, False, False, True, False, True)
 
 
 def add_options(parser) -> None:
@@ -331,10 +345,17 @@ def results(steps_rows, seeds, loss) -> dict:
     if tuned.merge is not None
     for row in (
       tuned,
-      *(r for r in steps_rows[7] if dataclasses.replace(r, inner_rate=None) == tuned),
+      *(r for r in steps_rows[7] if _at_tuned_rate(r) == tuned),
     )
   ]
   rates = [summary(r, seeds[:1]) | {"inner_rate": r.inner_rate} for r in dict.fromkeys(at_rates)]
+  seeded_rates = [
+    summary(r, seeds) | {"inner_rate": r.inner_rate}
+    for tuned in steps_rows[6]
+    if tuned.merge is not None
+    for r in (tuned, *(r for r in steps_rows[8] if _at_tuned_rate(r) == tuned))
+    if any(_at_tuned_rate(b) == tuned for b in steps_rows[8])
+  ]
   return {
     "grid": grid,
     "best": finals,
@@ -342,6 +363,7 @@ def results(steps_rows, seeds, loss) -> dict:
     "corrections": corrections,
     "seeded": seeded,
     "rates": rates,
+    "seeded_rates": seeded_rates,
   }
 
 
@@ -478,6 +500,25 @@ def markdown(report: dict, steps: int, study) -> list[str]:
       for r in report.get("rates", [])
     ],
     align="lllrrrrrr",
+  )
+  lines += [
+    "",
+    "Every seed of each row whose best inner rate (seed 0) is not the tuned one, beside "
+    "its seeds at the tuned rate, against the blocking round at its tuned rate:",
+    "",
+  ]
+  lines += studies.table(
+    [*CORRECTED_COLUMNS, "inner rate", "loss per seed", "mean +- sd (n)", "vs blocking"],
+    [
+      [
+        *_corrected_setting(r),
+        "tuned" if r["inner_rate"] is None else f"{r['inner_rate']:g}",
+        *_seed_cells(r),
+        _percent(r["vs_blocking"]),
+      ]
+      for r in report.get("seeded_rates", [])
+    ],
+    align="lllrrrrrrr",
   )
   return lines
 

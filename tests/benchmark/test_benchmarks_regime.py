@@ -412,11 +412,15 @@ def test_the_outer_study_takes_its_later_steps_from_the_earlier_ones():
   def loss(row, seed):
     if row.merge is None:
       return 2.0 + 0.1 * seed
+    if row.method == "lordo" and row.inner_rate == 0.005:
+      return 2.1  # LoRDO's round trains best at the lower inner rate.
     best = {"lordo": ("eager", (0.7, 0.0)), "diloco": ("rebase", (0.7, 0.9))}[row.method]
     return 2.2 if (row.merge, row.outer) == best else 2.5
 
   steps = overlap_outer.plan(STUDY, 1024, {"lordo": 1e-2, "diloco": 1e-3}, loss)
-  blocking_and_rebase, grid, finals, workers, delayed, corrections, seeded, rates = steps
+  blocking_and_rebase, grid, finals, workers, delayed, corrections, seeded, rates, best_rates = (
+    steps
+  )
   assert {r.merge for r in grid} == {"eager"} and len(grid) == 2 * len(overlap_outer.GRID) + 2
   assert overlap_outer.Row("lordo", "eager", (0.7, 0.0)) in finals
   assert overlap_outer.Row("diloco", "rebase", (0.7, 0.9)) in finals
@@ -475,6 +479,23 @@ def test_the_outer_study_takes_its_later_steps_from_the_earlier_ones():
   assert faster["vs_blocking"] == pytest.approx(0.25) and faster["losses"] == {"0": 2.5}
   tuned = [r for r in report["rates"] if r["inner_rate"] is None]
   assert len(tuned) == 2 * 2 * 2 and all(r["merge"] != "blocking" for r in tuned)
+  # Every seed of a row whose best inner rate is not the tuned one: LoRDO's two settings
+  # at 0.005; DiLoCo's rows are best at the tuned rate, whose seeds step 7 ran.
+  assert set(best_rates) == {
+    overlap_outer.Row("lordo", "eager", outer, w, "none", 0.005)
+    for outer in ((1.0, 0.0), (0.7, 0.0))
+    for w in overlap_outer.SEEDED_WORKERS
+  }
+  assert overlap_outer.STEPS_SEEDS[-1] and len(overlap_outer.STEPS_SEEDS) == len(steps)
+  lowered = [r for r in report["seeded_rates"] if r["inner_rate"] == 0.005]
+  assert len(lowered) == len(best_rates) and {r["method"] for r in report["seeded_rates"]} == {
+    "lordo"
+  }
+  (two,) = [r for r in lowered if r["workers"] == 2 and r["outer_learning_rate"] == 1.0]
+  assert two["losses"] == {"0": 2.1, "1": 2.1, "2": 2.1}
+  assert two["vs_blocking"] == pytest.approx(sum((2.1 - b) / b for b in (2.0, 2.1, 2.2)) / 3)
+  # Beside each, the same row's seeds at the tuned rate.
+  assert len([r for r in report["seeded_rates"] if r["inner_rate"] is None]) == len(best_rates)
 
 
 def made_up_runs(monkeypatch) -> list:
