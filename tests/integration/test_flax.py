@@ -4,7 +4,8 @@
 update's state back into them; the state keeps its structure, so the step compiles once
 (as AdamW's does). Each run here is compared with the same optimizer in a plain optax
 loop on a dict of arrays: bit for bit under ``jit``, to float32 rounding in eager mode.
-The state readers take ``optimizer.opt_state`` as it is.
+LoRDO's ablations keep LoRDO's state, leaf for leaf (checked here), so Flax holds them
+as it holds LoRDO's, which runs. The state readers take ``optimizer.opt_state`` as it is.
 """
 
 import functools
@@ -31,10 +32,6 @@ METHODS = {
   "lordo": lambda: lordo_jax.lordo(1e-2, rank=2, sync_every=2),
   "lordo_dct": lambda: lordo_jax.lordo(1e-2, rank=2, sync_every=2, projection="dct"),
   "lordo_two_sided": lambda: lordo_jax.lordo(1e-2, rank=2, sync_every=2, two_sided=True),
-  "lordo_local_projection": lambda: lordo_jax.lordo_local_projection(1e-2, rank=2, sync_every=2),
-  "lordo_global_projection_only": lambda: lordo_jax.lordo_global_projection_only(
-    1e-2, rank=2, sync_every=2
-  ),
   "low_rank_ddp": lambda: lordo_jax.low_rank_ddp(1e-2, rank=2, refresh_every=2),
   "low_rank_ddp_projected": lambda: lordo_jax.low_rank_ddp(
     1e-2, rank=2, refresh_every=2, communicate="projected"
@@ -43,6 +40,16 @@ METHODS = {
   "diloco": lambda: lordo_jax.diloco(1e-2, sync_every=2),
   "local_adam": lambda: lordo_jax.local_adam(1e-2, sync_every=2),
   "desloc": lambda: lordo_jax.desloc(1e-2, sync_every=2),
+}
+
+
+# LoRDO's ablations: LoRDO's state (:func:`test_the_lordo_ablations_keep_lordos_state`), so
+# Flax's Variables hold them as they hold LoRDO's, whose runs the tests below compare.
+ABLATIONS = {
+  "lordo_local_projection": lambda: lordo_jax.lordo_local_projection(1e-2, rank=2, sync_every=2),
+  "lordo_global_projection_only": lambda: lordo_jax.lordo_global_projection_only(
+    1e-2, rank=2, sync_every=2
+  ),
 }
 
 
@@ -123,6 +130,27 @@ def test_nnx_optimizer_under_nnx_jit_equals_the_optax_loop_and_compiles_once(met
   assert traces == 1, "the state changed its structure or types after an update"
 
 
+def avals(tree):
+  """What ``jit`` keys a program on: each leaf's path, shape, dtype and weak type."""
+  return [
+    (jax.tree_util.keystr(path), x.shape, x.dtype, x.weak_type)
+    for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]
+  ]
+
+
+@pytest.mark.parametrize("ablation", sorted(ABLATIONS))
+def test_the_lordo_ablations_keep_lordos_state(ablation):
+  """Before and after an update: the tree and leaves of LoRDO's state (traced, not run)."""
+  params = nnx.to_pure_dict(nnx.split(MLP(nnx.Rngs(0)), nnx.Param)[1])
+  want = jax.eval_shape(METHODS["lordo"]().init, params)
+  tx = ABLATIONS[ablation]()
+  before = jax.eval_shape(tx.init, params)
+  after = jax.eval_shape(lambda state: tx.update(params, state, params)[1], before)
+  for state in (before, after):
+    assert jax.tree.structure(state) == jax.tree.structure(want)
+    assert avals(state) == avals(want)
+
+
 @pytest.mark.parametrize("method", ["lordo", "low_rank_ddp_projected"])
 def test_nnx_optimizer_eager_equals_the_optax_loop(method):
   model = MLP(nnx.Rngs(0))
@@ -191,11 +219,12 @@ def test_nnx_optimizer_split_merge_under_jax_jit_equals_the_optax_loop():
 
 # On the workers: LoRDO, and LoRDO streamed in two fragments whose messages travel in
 # int8 one step (overlap=1), with the steps' static phase (fragments sync at steps 2 and
-# 4 and land at 3 and 5).
+# 4 and land at 3 and 5), refreshed by SVD: half the program of the default refresh,
+# which the first case runs on the workers.
 ON_WORKERS = {
   "lordo": (dict(sync_every=2), {}),
   "lordo_overlap_fragments_int8": (
-    dict(sync_every=4, overlap=1, fragments=2, compression="int8"),
+    dict(sync_every=4, overlap=1, fragments=2, compression="int8", projection="svd"),
     dict(sync_every=4, overlap=1, fragments=2),
   ),
 }

@@ -1,4 +1,5 @@
-"""Every method reproduces the runs recorded before the library was restructured.
+"""Every method reproduces the runs recorded before the library was restructured, and
+compiles once over its run under ``jax.shard_map``.
 
 ``tests/golden/jax-<version>-cpu-<host>.npz`` holds, for each configuration below, the
 parameters of every worker and the ledger totals after a short run (4 workers,
@@ -146,9 +147,12 @@ CONFIGS = {
 }
 
 
-def run(name):
-  """``{key: array}``: every worker's final params and the ledger totals."""
-  history, _ = workers.run(CONFIGS[name](), loss, initial_params(), batches(), M)
+def run(name, compilations=None):
+  """``{key: array}``: every worker's final params and the ledger totals; the number of
+  programs the step compiled to is appended to the list ``compilations``, if given."""
+  history, step = workers.run(CONFIGS[name](), loss, initial_params(), batches(), M)
+  if compilations is not None:
+    compilations.append(step._cache_size())
   params, state = history[-1]
   out = {f"{name}/params/{k}": np.asarray(v) for k, v in params.items()}
   one_worker = jax.tree.map(lambda x: np.asarray(x)[0], state)
@@ -213,8 +217,12 @@ def _compare(got: dict, recorded: dict, exact: bool):
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("name", sorted(CONFIGS))
-def test_run_reproduces_the_recording(name):
-  got = run(name)
+def test_run_reproduces_the_recording_and_compiles_once(name):
+  """The state each step returns is the state ``init`` gave, laid out alike: one program
+  runs the eight steps (first step, four syncs, the steps between)."""
+  compilations = []
+  got = run(name, compilations)
+  assert compilations == [1]
   for generation in GENERATIONS:
     recorded, own = recording(generation)
     assert set(got) == {k for k in recorded if k.startswith(name + "/")}

@@ -7,7 +7,6 @@ import optax
 import pytest
 
 import lordo_jax
-from tests.helpers import workers
 
 PARAMS = {"w": jnp.ones((12, 6)) * 0.1, "v": jnp.ones((5, 10)) * 0.1, "b": jnp.zeros(6)}
 
@@ -68,27 +67,19 @@ def test_projections_are_computed_only_inside_conditional_branches(projection):
   assert inside, "no projection found in the step at all"
 
 
-def test_compiles_once_over_a_run_on_one_device():
-  *_, step, _ = run_single(lordo_jax.lordo(1e-2, rank=2, sync_every=3), steps=10)
-  assert step._cache_size() == 1
-
-
-def test_compiles_once_over_a_run_under_shard_map():
-  tx = lordo_jax.lordo(1e-2, rank=2, sync_every=3, axis_name=workers.AXIS)
-  _, step = workers.run(tx, loss, PARAMS, data(7, 4), 4)
-  assert step._cache_size() == 1
-
-
-def test_chained_after_clip_by_global_norm_equals_clipping_first():
+# Compiles once over a run under shard_map: every run of tests/integration/test_golden_runs.py.
+def test_chained_after_clip_by_global_norm_equals_clipping_first_and_compiles_once():
+  """Eight steps (syncs at 3 and 6) of LoRDO alone and chained, each one program."""
   clip = optax.clip_by_global_norm(0.5)
   chained = optax.chain(clip, lordo_jax.lordo(1e-2, rank=2, sync_every=3))
 
   def clipped(grads):
     return clip.update(grads, clip.init(grads))[0]
 
-  a, *_ = run_single(chained)
-  b, *_ = run_single(lordo_jax.lordo(1e-2, rank=2, sync_every=3), grad_transform=clipped)
+  a, _, chained_step, _ = run_single(chained)
+  b, _, step, _ = run_single(lordo_jax.lordo(1e-2, rank=2, sync_every=3), grad_transform=clipped)
   jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-6), a, b)
+  assert step._cache_size() == 1 and chained_step._cache_size() == 1
 
 
 def test_a_structural_int_left_out_of_static_args_says_to_list_it():
@@ -155,15 +146,6 @@ def test_bfloat16_params_get_bfloat16_updates_and_float32_projections():
   assert all(p.dtype == jnp.bfloat16 for p in jax.tree.leaves(params))
 
 
-def test_state_keeps_structure_shapes_and_dtypes_across_updates():
-  tx = lordo_jax.lordo(1e-2, rank=2, sync_every=2, error_feedback=True)
-  state = tx.init(PARAMS)
-  _, after, *_ = run_single(tx, steps=3)
-  assert jax.tree.structure(state) == jax.tree.structure(after)
-  same = jax.tree.map(lambda a, b: (a.shape, a.dtype) == (b.shape, b.dtype), state, after)
-  assert all(jax.tree.leaves(same))
-
-
 PUBLIC_OPTIMIZERS = {
   "lordo": lambda: lordo_jax.lordo(1e-2, rank=2, sync_every=2, error_feedback=True),
   "lordo_dct": lambda: lordo_jax.lordo(1e-2, rank=2, sync_every=2, projection="dct"),
@@ -187,7 +169,9 @@ PUBLIC_OPTIMIZERS = {
 
 @pytest.mark.parametrize("name", sorted(PUBLIC_OPTIMIZERS))
 def test_update_returns_the_state_init_gives_weak_types_included(name):
-  """What ``jit`` keys a program on: the tree, each leaf's shape, dtype and weak type."""
+  """What ``jit`` keys a program on: the tree, each leaf's shape, dtype and weak type.
+  The output of one update is that of every later one (the same program), so the state
+  keeps its structure, shapes and dtypes over a run."""
   tx = PUBLIC_OPTIMIZERS[name]()
   avals = lambda tree: [  # noqa: E731
     (jax.tree_util.keystr(path), x.shape, x.dtype, x.weak_type)
