@@ -39,7 +39,9 @@ study's best inner rate), ``overlap="round"``:
    study's grid (:data:`INNER_RATES`), seed 0, against the blocking round at its tuned
    rate;
 9. every seed of each of step 8's rows at its best inner rate, where that is not the
-   tuned one (whose seeds step 7 ran), against the blocking round at its tuned rate.
+   tuned one (whose seeds step 7 ran), against the blocking round at its tuned rate, and
+   the step at which each seed's blocking round reached the row's final loss (the gap in
+   steps: :func:`steps_to_reach`).
 
 Every eager and delayed row of steps 1-5 takes its outer optimizer as it is
 (``delay_correction="none"``), as the study first ran them.
@@ -64,6 +66,7 @@ import os
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # Before NumPy loads: see quality.py.
 
 import dataclasses  # noqa: E402
+import itertools  # noqa: E402
 import math  # noqa: E402
 import pathlib  # noqa: E402
 import statistics  # noqa: E402
@@ -265,6 +268,12 @@ def main(argv=None) -> int:
   def loss(row: Row, seed: int) -> float | None:
     return long_horizon.final(stored.get(row.spec(study, steps, rates, seed)))
 
+  def curve(row: Row, seed: int) -> list[tuple[int, float]] | None:
+    record = stored.get(row.spec(study, steps, rates, seed))
+    return (
+      None if record is None else [(e["step"], e["val_loss"]) for e in record["result"]["evals"]]
+    )
+
   seeds_of = [study.seeds if every else study.seeds[:1] for every in STEPS_SEEDS]
   left_out = {}  # Rows of more workers than devices, by M.
   if not args.cached:
@@ -280,7 +289,7 @@ def main(argv=None) -> int:
             continue
           trainer.get(row.spec(study, steps, rates, seed))
   steps_rows = plan(study, steps, rates, loss)
-  report = results(steps_rows, study.seeds, loss)
+  report = results(steps_rows, study.seeds, loss, curve)
   plot(report, args.out / f"{NAME}.png")
   studies.write(
     NAME,
@@ -296,6 +305,28 @@ def main(argv=None) -> int:
       f"worker; run again with --devices {workers} to train them."
     )
   return 0
+
+
+def steps_to_reach(curve: list[tuple[int, float]], loss: float) -> float | None:
+  """The first step at which ``curve`` (``(step, validation loss)`` pairs, in step order)
+  reaches ``loss``, linear between its evaluations; ``None`` if it never does."""
+  if curve and curve[0][1] <= loss:
+    return float(curve[0][0])
+  for (s0, x0), (s1, x1) in itertools.pairwise(curve):
+    if x1 <= loss:  # x0 > loss >= x1: the crossing lies between them.
+      return s0 + (s1 - s0) * (x0 - loss) / (x0 - x1)
+  return None
+
+
+def _blocking_steps(row: Row, seeds, loss, curve, blocking: Row) -> dict:
+  """Per seed, the step at which the blocking run of that seed first reached ``row``'s
+  final loss: the steps a blocking round needs for what ``row`` reaches in the whole run."""
+  steps = {}
+  for s in seeds:
+    final, base = loss(row, s), curve(blocking, s)
+    if final is not None and base is not None:
+      steps[str(s)] = steps_to_reach(base, final)
+  return steps
 
 
 def _summary(row: Row, seeds, loss, blocking: Row) -> dict:
@@ -319,8 +350,11 @@ def _summary(row: Row, seeds, loss, blocking: Row) -> dict:
   }
 
 
-def results(steps_rows, seeds, loss) -> dict:
-  """The grid (eager and delayed, seed 0), the best settings at every seed, the M sweep."""
+def results(steps_rows, seeds, loss, curve=None) -> dict:
+  """The grid (eager and delayed, seed 0), the best settings at every seed, the M sweep.
+  With ``curve(row, seed)`` (a run's ``(step, validation loss)`` pairs), step 9's rows
+  also hold ``blocking_steps``: per seed, the step at which the blocking round reached
+  the row's final loss (:func:`steps_to_reach`)."""
   blocking = {
     (r.method, r.workers): r
     for rows in steps_rows
@@ -328,10 +362,17 @@ def results(steps_rows, seeds, loss) -> dict:
     if r.merge is None and r.outer == DEFAULT_OUTER[r.method]
   }
 
-  def summary(row, on_seeds):
+  def reference(row):
     own = Row(row.method, None, DEFAULT_OUTER[row.method], row.workers)
-    reference = blocking.get((row.method, row.workers), own)
-    return _summary(row, on_seeds, loss, reference)
+    return blocking.get((row.method, row.workers), own)
+
+  def summary(row, on_seeds):
+    return _summary(row, on_seeds, loss, reference(row))
+
+  def in_steps(row):
+    if curve is None:
+      return {}
+    return {"blocking_steps": _blocking_steps(row, seeds, loss, curve, reference(row))}
 
   rows = dict.fromkeys([*steps_rows[0], *steps_rows[1], *steps_rows[4]])
   grid = [summary(r, seeds[:1]) for r in rows if r.merge is not None]
@@ -350,7 +391,7 @@ def results(steps_rows, seeds, loss) -> dict:
   ]
   rates = [summary(r, seeds[:1]) | {"inner_rate": r.inner_rate} for r in dict.fromkeys(at_rates)]
   seeded_rates = [
-    summary(r, seeds) | {"inner_rate": r.inner_rate}
+    summary(r, seeds) | {"inner_rate": r.inner_rate} | in_steps(r)
     for tuned in steps_rows[6]
     if tuned.merge is not None
     for r in (tuned, *(r for r in steps_rows[8] if _at_tuned_rate(r) == tuned))
@@ -382,6 +423,12 @@ def _seed_cells(r: dict) -> list[str]:
   if r["mean"] is None:
     return [per_seed, "-"]
   return [per_seed, f"{r['mean']:.4f} +- {r['spread']:.4f} (n={len(r['losses'])})"]
+
+
+def _steps_cell(steps: dict) -> str:
+  """Steps per seed (``never``: not reached), or ``-`` where none are known."""
+  cells = ["never" if x is None else f"{x:.0f}" for x in steps.values()]
+  return ", ".join(cells) or "-"
 
 
 def _fmt(x, spec=".4f"):
@@ -504,21 +551,30 @@ def markdown(report: dict, steps: int, study) -> list[str]:
   lines += [
     "",
     "Every seed of each row whose best inner rate (seed 0) is not the tuned one, beside "
-    "its seeds at the tuned rate, against the blocking round at its tuned rate:",
+    "its seeds at the tuned rate, against the blocking round at its tuned rate; and the "
+    f"step at which that seed's blocking round reached the row's loss at step {steps}:",
     "",
   ]
   lines += studies.table(
-    [*CORRECTED_COLUMNS, "inner rate", "loss per seed", "mean +- sd (n)", "vs blocking"],
+    [
+      *CORRECTED_COLUMNS,
+      "inner rate",
+      "loss per seed",
+      "mean +- sd (n)",
+      "vs blocking",
+      "blocking's steps to it",
+    ],
     [
       [
         *_corrected_setting(r),
         "tuned" if r["inner_rate"] is None else f"{r['inner_rate']:g}",
         *_seed_cells(r),
         _percent(r["vs_blocking"]),
+        _steps_cell(r.get("blocking_steps", {})),
       ]
       for r in report.get("seeded_rates", [])
     ],
-    align="lllrrrrrrr",
+    align="lllrrrrrrrr",
   )
   return lines
 

@@ -496,12 +496,41 @@ def test_the_outer_study_takes_its_later_steps_from_the_earlier_ones():
   assert two["vs_blocking"] == pytest.approx(sum((2.1 - b) / b for b in (2.0, 2.1, 2.2)) / 3)
   # Beside each, the same row's seeds at the tuned rate.
   assert len([r for r in report["seeded_rates"] if r["inner_rate"] is None]) == len(best_rates)
+  # With the runs' curves, the step at which each seed's blocking round reached the row's
+  # loss: here every run falls linearly from 3.0 at step 0 to its final loss at 1024.
+  curved = overlap_outer.results(
+    steps, STUDY.seeds, loss, lambda r, s: [(0, 3.0), (1024, loss(r, s))]
+  )
+  (two,) = [
+    r
+    for r in curved["seeded_rates"]
+    if r["workers"] == 2 and r["outer_learning_rate"] == 1.0 and r["inner_rate"] == 0.005
+  ]
+  # 2.1 against blocking runs ending at 2.0, 2.1 and 2.2: reached at 0.9 of the way, at
+  # the end, never.
+  assert two["blocking_steps"] == {"0": pytest.approx(1024 * 0.9), "1": 1024.0, "2": None}
+  table = "\n".join(overlap_outer.markdown(curved, 1024, STUDY))
+  assert "| 922, 1024, never |" in table
+  assert "blocking_steps" not in report["seeded_rates"][0]
+
+
+def test_the_steps_a_curve_takes_to_reach_a_loss():
+  """The first crossing, linear between evaluations; an evaluation at the loss is its
+  step; a loss never reached is None, one already reached at the start the first step."""
+  curve = [(0, 5.0), (16, 3.0), (32, 2.0), (48, 2.5), (64, 1.0)]
+  assert overlap_outer.steps_to_reach(curve, 4.0) == pytest.approx(8.0)
+  assert overlap_outer.steps_to_reach(curve, 2.0) == pytest.approx(32.0)
+  assert overlap_outer.steps_to_reach(curve, 2.2) == pytest.approx(16 + 16 * 0.8)
+  assert overlap_outer.steps_to_reach(curve, 1.5) == pytest.approx(48 + 16 * (1.0 / 1.5))
+  assert overlap_outer.steps_to_reach(curve, 0.5) is None
+  assert overlap_outer.steps_to_reach(curve, 6.0) == 0.0
 
 
 def made_up_runs(monkeypatch) -> list:
   """``lm_runs.run`` made up: each run's optimizer is built from its spec, as its
   training would build it (so an option no factory takes fails here), and its record,
-  a loss of its own from its cache name, stored in the study's cache. Returns the specs
+  a loss of its own from its cache name (its last evaluation), stored in the study's
+  cache. Returns the specs
   asked for, in order."""
   import hashlib
   import json
@@ -518,7 +547,9 @@ def made_up_runs(monkeypatch) -> list:
     asked.append(spec)
     digest = hashlib.sha1(path.name.encode()).hexdigest()
     loss = 2.0 + int(digest[:6], 16) % 1000 / 1e4
-    made = {"spec": spec.key(), "result": {"final_val_loss": loss}}
+    # Its evaluations as a run records them: the first step's loss, then the last.
+    evals = [{"step": 0, "val_loss": 5.5}, {"step": spec.steps, "val_loss": loss}]
+    made = {"spec": spec.key(), "result": {"final_val_loss": loss, "evals": evals}}
     cache.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(made))
     return made
