@@ -28,7 +28,8 @@ study's best inner rate), ``overlap="round"``:
 6. the delay-corrected outer step (``delay_correction``, MATH.md §9: ``"staleness"`` and
    ``"step"``, eager, at each method's own outer optimizer and, for LoRDO, at DiLoCo's,
    :data:`CORRECTED_OUTERS`) at M in :data:`CORRECTION_WORKERS`, against the blocking
-   round and today's best settings (LoRDO eager at ``sgd(0.7)``, DiLoCo rebase), seed 0;
+   round and today's best settings (LoRDO eager at ``sgd(0.7)``, DiLoCo rebase), seed 0,
+   and the blocking worker count with the same loss (:func:`blocking_workers`);
    ``--quick``: M = 8;
 7. every seed at M in :data:`SEEDED_WORKERS` (the targets' worker counts) for the
    blocking round, the library's default with a round in flight (eager, each method's
@@ -37,7 +38,7 @@ study's best inner rate), ``overlap="round"``:
 8. the inner rate with a round in flight: the library's default and today's best
    settings at M in :data:`SEEDED_WORKERS` at the other rates of the long-horizon
    study's grid (:data:`INNER_RATES`), seed 0, against the blocking round at its tuned
-   rate;
+   rate, and as which blocking worker count;
 9. every seed of each of step 8's rows at its best inner rate, where that is not the
    tuned one (whose seeds step 7 ran), against the blocking round at its tuned rate, and
    the step at which each seed's blocking round reached the row's final loss (the gap in
@@ -318,6 +319,22 @@ def steps_to_reach(curve: list[tuple[int, float]], loss: float) -> float | None:
   return None
 
 
+def blocking_workers(points: list[tuple[int, float]], loss: float) -> float | None:
+  """The worker count at which the blocking round reaches ``loss``: ``points`` are its
+  ``(M, final loss)`` in M order, linear in ``log2 M`` between them, the first crossing
+  from the fewest workers up; ``None`` where the fewest workers' blocking run is already
+  below ``loss``, ``math.inf`` where no blocking run reaches it."""
+  if not points or points[0][1] < loss:
+    return None
+  if points[0][1] == loss:
+    return float(points[0][0])
+  for (m0, x0), (m1, x1) in itertools.pairwise(points):
+    if x1 <= loss:  # x0 > loss >= x1: the crossing lies between them.
+      share = (x0 - loss) / (x0 - x1)
+      return 2 ** (math.log2(m0) + share * (math.log2(m1) - math.log2(m0)))
+  return math.inf
+
+
 def _blocking_steps(row: Row, seeds, loss, curve, blocking: Row) -> dict:
   """Per seed, the step at which the blocking run of that seed first reached ``row``'s
   final loss: the steps a blocking round needs for what ``row`` reaches in the whole run."""
@@ -369,6 +386,18 @@ def results(steps_rows, seeds, loss, curve=None) -> dict:
   def summary(row, on_seeds):
     return _summary(row, on_seeds, loss, reference(row))
 
+  def as_blocking(row):
+    """Seed 0: the blocking worker count with ``row``'s loss (:func:`blocking_workers`),
+    from the blocking rows of its method at every M the study ran."""
+    points = sorted(
+      (w, x)
+      for (method, w), b in blocking.items()
+      if method == row.method and (x := loss(b, seeds[0])) is not None
+    )
+    final = loss(row, seeds[0])
+    found = None if final is None or not points else blocking_workers(points, final)
+    return {"blocking_workers": found, "blocking_workers_range": [p[0] for p in points]}
+
   def in_steps(row):
     if curve is None:
       return {}
@@ -378,7 +407,7 @@ def results(steps_rows, seeds, loss, curve=None) -> dict:
   grid = [summary(r, seeds[:1]) for r in rows if r.merge is not None]
   finals = [summary(r, seeds) for r in dict.fromkeys(steps_rows[2])]
   workers = [summary(r, seeds[:1]) for r in dict.fromkeys(steps_rows[3])]
-  corrections = [summary(r, seeds[:1]) for r in dict.fromkeys(steps_rows[5])]
+  corrections = [summary(r, seeds[:1]) | as_blocking(r) for r in dict.fromkeys(steps_rows[5])]
   seeded = [summary(r, seeds) for r in dict.fromkeys(steps_rows[6])]
   at_rates = [
     row
@@ -389,7 +418,10 @@ def results(steps_rows, seeds, loss, curve=None) -> dict:
       *(r for r in steps_rows[7] if _at_tuned_rate(r) == tuned),
     )
   ]
-  rates = [summary(r, seeds[:1]) | {"inner_rate": r.inner_rate} for r in dict.fromkeys(at_rates)]
+  rates = [
+    summary(r, seeds[:1]) | {"inner_rate": r.inner_rate} | as_blocking(r)
+    for r in dict.fromkeys(at_rates)
+  ]
   seeded_rates = [
     summary(r, seeds) | {"inner_rate": r.inner_rate} | in_steps(r)
     for tuned in steps_rows[6]
@@ -429,6 +461,17 @@ def _steps_cell(steps: dict) -> str:
   """Steps per seed (``never``: not reached), or ``-`` where none are known."""
   cells = ["never" if x is None else f"{x:.0f}" for x in steps.values()]
   return ", ".join(cells) or "-"
+
+
+def _workers_cell(r: dict) -> str:
+  """The blocking worker count with a row's loss, or where it lies outside the blocking
+  runs' range of M; ``-`` where its run or theirs is missing."""
+  found, known = r.get("blocking_workers"), r.get("blocking_workers_range", [])
+  if not known or r["mean"] is None:
+    return "-"
+  if found is None:
+    return f"< {known[0]}"
+  return f"> {known[-1]}" if math.isinf(found) else f"{found:.1f}"
 
 
 def _fmt(x, spec=".4f"):
@@ -495,20 +538,23 @@ def markdown(report: dict, steps: int, study) -> list[str]:
     "",
     "The delay-corrected outer step at each M, seed 0, at each method's own outer optimizer "
     "(and LoRDO at DiLoCo's), against the blocking round and today's best settings (each "
-    "against the blocking round at the same M):",
+    "against the blocking round at the same M). *As blocking M*: the worker count at which "
+    "the blocking round, seed 0, reaches the row's loss (linear in log M between the M it "
+    "ran at):",
     "",
   ]
   lines += studies.table(
-    [*CORRECTED_COLUMNS, "final val loss", "vs blocking"],
+    [*CORRECTED_COLUMNS, "final val loss", "vs blocking", "as blocking M"],
     [
       [
         *_corrected_setting(r),
         _fmt(r["mean"]),
         _percent(r["vs_blocking"]),
+        _workers_cell(r),
       ]
       for r in report.get("corrections", [])
     ],
-    align="lllrrrrr",
+    align="lllrrrrrr",
   )
   lines += [
     "",
@@ -532,21 +578,22 @@ def markdown(report: dict, steps: int, study) -> list[str]:
     "",
     "The inner rate with a round in flight, seed 0: the library's default and today's best "
     "settings at the tuned rate and the long-horizon grid's others, against the blocking "
-    "round at its tuned rate:",
+    "round at its tuned rate, and as which blocking worker count (as above):",
     "",
   ]
   lines += studies.table(
-    [*CORRECTED_COLUMNS, "inner rate", "final val loss", "vs blocking"],
+    [*CORRECTED_COLUMNS, "inner rate", "final val loss", "vs blocking", "as blocking M"],
     [
       [
         *_corrected_setting(r),
         "tuned" if r["inner_rate"] is None else f"{r['inner_rate']:g}",
         _fmt(r["mean"]),
         _percent(r["vs_blocking"]),
+        _workers_cell(r),
       ]
       for r in report.get("rates", [])
     ],
-    align="lllrrrrrr",
+    align="lllrrrrrrr",
   )
   lines += [
     "",

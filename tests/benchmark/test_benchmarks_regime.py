@@ -526,6 +526,53 @@ def test_the_steps_a_curve_takes_to_reach_a_loss():
   assert overlap_outer.steps_to_reach(curve, 6.0) == 0.0
 
 
+def test_the_blocking_worker_count_with_a_loss():
+  """Linear in log2 M between the blocking runs, the first crossing from the fewest
+  workers up; None above the fewest workers' loss, infinity below every run's."""
+  points = [(2, 2.5), (4, 2.0), (8, 1.75), (16, 1.8)]
+  assert overlap_outer.blocking_workers(points, 2.25) == pytest.approx(2 * 2**0.5)
+  assert overlap_outer.blocking_workers(points, 2.0) == pytest.approx(4.0)
+  assert overlap_outer.blocking_workers(points, 1.875) == pytest.approx(4 * 2**0.5)
+  assert overlap_outer.blocking_workers(points, 2.5) == 2.0
+  assert overlap_outer.blocking_workers(points, 2.6) is None
+  assert overlap_outer.blocking_workers(points, 1.7) == math.inf
+  assert overlap_outer.blocking_workers([], 2.0) is None
+
+
+def test_the_outer_study_reads_each_row_as_a_blocking_worker_count():
+  """Steps 6 and 8 give, seed 0, the blocking worker count with each row's loss, from
+  the blocking rows of its method at every M the study has; the table says where a
+  row lies outside their range."""
+
+  def loss(row, seed):
+    if row.merge is None:
+      return 3.0 - 0.25 * math.log2(row.workers)  # 2.75, 2.5, 2.25, 2.0 at M = 2 .. 16
+    if row.method == "diloco" and row.workers == 16:
+      return None  # not yet run
+    return 2.5 if row.merge == "eager" else 2.9
+
+  steps = overlap_outer.plan(STUDY, 1024, {"lordo": 1e-2, "diloco": 1e-3}, loss)
+  report = overlap_outer.results(steps, STUDY.seeds, loss)
+  rows = {
+    (r["method"], r["merge"], r["workers"], r["outer_learning_rate"], r["delay_correction"]): r
+    for r in report["corrections"]
+  }
+  eager = rows["lordo", "eager", 8, 1.0, "staleness"]
+  assert eager["blocking_workers"] == pytest.approx(4.0)
+  assert eager["blocking_workers_range"] == [2, 4, 8, 16]
+  assert rows["diloco", "rebase", 2, 0.7, "-"]["blocking_workers"] is None  # 2.9 > 2.75
+  assert rows["lordo", "blocking", 16, 1.0, "-"]["blocking_workers"] == pytest.approx(16.0)
+  missing = rows["diloco", "eager", 16, 0.7, "staleness"]
+  assert missing["blocking_workers"] is None and missing["mean"] is None
+  for r in report["rates"]:
+    assert r["blocking_workers"] == (pytest.approx(4.0) if r["merge"] == "eager" else None)
+  assert {r["merge"] for r in report["rates"]} == {"eager", "rebase"}
+  table = "\n".join(overlap_outer.markdown(report, 1024, STUDY))
+  assert "| lordo | eager | staleness | 1 | 0 | 8 | 2.5000 | +11.1% | 4.0 |" in table
+  assert "| diloco | rebase | - | 0.7 | 0.9 | 2 | 2.9000 | +5.5% | < 2 |" in table
+  assert "| diloco | eager | staleness | 0.7 | 0.9 | 16 | - | - | - |" in table
+
+
 def made_up_runs(monkeypatch) -> list:
   """``lm_runs.run`` made up: each run's optimizer is built from its spec, as its
   training would build it (so an option no factory takes fails here), and its record,
