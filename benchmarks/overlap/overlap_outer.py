@@ -98,7 +98,7 @@ GRID = tuple(
 DEFAULT_OUTER = {"lordo": (1.0, 0.0), "diloco": (0.7, 0.9)}
 # LoRDO's default basis refresh, named, so that its blocking runs are the refresh study's.
 NAMED_OPTIONS = {"lordo": (("projection", "subspace_iteration"),), "diloco": ()}
-WORKERS = (2, 4, 8)
+WORKERS = (2, 4, 8, 16)
 BEST_DELAYED = 3  # Delayed runs at this many of the eager grid's best settings.
 CORRECTIONS = ("staleness", "step")  # delay_correction, MATH.md §9
 CORRECTION_WORKERS = (2, 4, 8, 16)
@@ -276,7 +276,7 @@ def main(argv=None) -> int:
     )
 
   seeds_of = [study.seeds if every else study.seeds[:1] for every in STEPS_SEEDS]
-  left_out = {}  # Rows of more workers than devices, by M.
+  left_out = {}  # Rows of more workers than devices, by M (a dict as an ordered set).
   if not args.cached:
     trainer = long_horizon.Runs(cache, train=True)
     for index, seeds in enumerate(seeds_of):
@@ -286,7 +286,7 @@ def main(argv=None) -> int:
             continue
           if row.workers > devices:
             if loss(row, seed) is None:
-              left_out.setdefault(row.workers, []).append(row)
+              left_out.setdefault(row.workers, {})[row] = None
             continue
           trainer.get(row.spec(study, steps, rates, seed))
   steps_rows = plan(study, steps, rates, loss)

@@ -659,7 +659,16 @@ def test_the_outer_study_leaves_rows_of_more_workers_than_devices_and_says_so(
         name = overlap_outer.variant(m, "eager", overlap_outer.DEFAULT_OUTER[m], c).name
         assert (name, w) in trained
   printed = capsys.readouterr().out
-  # Per method: the blocking round, both corrections and today's best setting; LoRDO's
-  # corrections at DiLoCo's outer step too.
-  assert "10 rows at M = 16 not trained: 8 simulated devices" in printed
+  # Per method: the blocking round, both corrections and today's best setting, LoRDO's
+  # corrections at DiLoCo's outer step too (step 6); the best eager setting and the
+  # method's own outer optimizer uncorrected (step 4); each run named once.
+  stored = long_horizon.Runs(tmp_path / "runs" / "lm", train=False)
+
+  def loss(row, seed):
+    return long_horizon.final(stored.get(row.spec(STUDY, overlap_outer.STEPS, rates, seed)))
+
+  steps = overlap_outer.plan(STUDY, overlap_outer.STEPS, rates, loss)
+  at_16 = {r for rows in steps for r in rows if r.workers == 16}
+  assert {r for r in steps[3] if r.workers == 16} - set(steps[5])  # step 4's own rows
+  assert f"{len(at_16)} rows at M = 16 not trained: 8 simulated devices" in printed
   assert "run again with --devices 16" in printed
