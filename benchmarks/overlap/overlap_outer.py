@@ -326,13 +326,8 @@ def blocking_workers(points: list[tuple[int, float]], loss: float) -> float | No
   below ``loss``, ``math.inf`` where no blocking run reaches it."""
   if not points or points[0][1] < loss:
     return None
-  if points[0][1] == loss:
-    return float(points[0][0])
-  for (m0, x0), (m1, x1) in itertools.pairwise(points):
-    if x1 <= loss:  # x0 > loss >= x1: the crossing lies between them.
-      share = (x0 - loss) / (x0 - x1)
-      return 2 ** (math.log2(m0) + share * (math.log2(m1) - math.log2(m0)))
-  return math.inf
+  found = steps_to_reach([(math.log2(m), x) for m, x in points], loss)
+  return math.inf if found is None else 2**found
 
 
 def _blocking_steps(row: Row, seeds, loss, curve, blocking: Row) -> dict:
