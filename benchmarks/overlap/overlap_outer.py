@@ -32,10 +32,11 @@ study's best inner rate), ``overlap="round"``:
    and the blocking worker count with the same loss (:func:`blocking_workers`);
    ``--quick``: M = 8;
 7. every seed at M in :data:`SEEDED_WORKERS` (the targets' worker counts) for the
-   blocking round, the library's default with a round in flight (eager, each method's
-   own outer optimizer and its default correction, :data:`DEFAULT_CORRECTION`) and
-   today's best settings;
-8. the inner rate with a round in flight: the library's default and today's best
+   blocking round, eager at each method's own outer optimizer (:data:`OWN_CORRECTION`:
+   LoRDO's averaging outer taken as it is, DiLoCo's Nesterov step staleness-corrected,
+   its default) and today's best settings (LoRDO's is its default with a round in
+   flight, ``delay_correction="damped"``: ``sgd(0.7)`` taken as it is);
+8. the inner rate with a round in flight: step 7's eager rows and today's best
    settings at M in :data:`SEEDED_WORKERS` at the other rates of the long-horizon
    study's grid (:data:`INNER_RATES`), seed 0, against the blocking round at its tuned
    rate, and as which blocking worker count;
@@ -102,10 +103,11 @@ WORKERS = (2, 4, 8, 16)
 BEST_DELAYED = 3  # Delayed runs at this many of the eager grid's best settings.
 CORRECTIONS = ("staleness", "step")  # delay_correction, MATH.md §9
 CORRECTION_WORKERS = (2, 4, 8, 16)
-# The worker counts whose rows of step 7 run every seed, and the correction the library
-# takes by default with each method's own outer optimizer (lordo_jax's correction_of).
+# The worker counts whose rows of step 7 run every seed, and the correction step 7 takes
+# at each method's own outer optimizer: LoRDO's averaging outer as it is (its default
+# until the study found "damped", today's best row, better at every M), DiLoCo's default.
 SEEDED_WORKERS = (2, 8)
-DEFAULT_CORRECTION = {"lordo": "none", "diloco": "staleness"}
+OWN_CORRECTION = {"lordo": "none", "diloco": "staleness"}
 # The outer optimizers corrected: each method's own, and for LoRDO DiLoCo's Nesterov step
 # too, which diverged with LoRDO's eager round uncorrected (step 2) and which a
 # correction is meant to keep stable.
@@ -197,7 +199,7 @@ def plan(study, steps, rates, loss) -> list[list[Row]]:
     lambda m, w: [Row(m, "eager", o, w, c) for o in CORRECTED_OUTERS[m] for c in CORRECTIONS],
   )
   seeded = _beside_blocking(
-    SEEDED_WORKERS, lambda m, w: [Row(m, "eager", DEFAULT_OUTER[m], w, DEFAULT_CORRECTION[m])]
+    SEEDED_WORKERS, lambda m, w: [Row(m, "eager", DEFAULT_OUTER[m], w, OWN_CORRECTION[m])]
   )
   inner = [
     dataclasses.replace(row, inner_rate=rate)
@@ -553,8 +555,9 @@ def markdown(report: dict, steps: int, study) -> list[str]:
   )
   lines += [
     "",
-    "Every seed at M in " + ", ".join(map(str, SEEDED_WORKERS)) + ": the blocking round, the "
-    "library's default with a round in flight and today's best settings:",
+    "Every seed at M in " + ", ".join(map(str, SEEDED_WORKERS)) + ": the blocking round, "
+    "eager at each method's own outer optimizer and today's best settings (LoRDO's is its "
+    "default with a round in flight, delay_correction='damped': sgd(0.7) taken as it is):",
     "",
   ]
   lines += studies.table(
@@ -571,8 +574,8 @@ def markdown(report: dict, steps: int, study) -> list[str]:
   )
   lines += [
     "",
-    "The inner rate with a round in flight, seed 0: the library's default and today's best "
-    "settings at the tuned rate and the long-horizon grid's others, against the blocking "
+    "The inner rate with a round in flight, seed 0: the rows above but the blocking "
+    "round's, at the tuned rate and the long-horizon grid's others, against the blocking "
     "round at its tuned rate, and as which blocking worker count (as above):",
     "",
   ]

@@ -33,7 +33,8 @@ DEFAULT_METHODS = ("lordo", "low_rank_ddp", "ddp", "diloco", "lordo_int8_overlap
 # and a whole round in flight (the least bandwidth, at a cost in loss: the overlap guide),
 # merged eagerly with an outer step of 0.7 (SGD), which the outer optimizer study found
 # best for LoRDO's eager merge (BENCHMARKS.md, "The outer optimizer for a round in flight"),
-# taken as it is (delay_correction="none", as that study ran it).
+# taken as it is (delay_correction="none", as that study ran it): LoRDO's default with a
+# round in flight (delay_correction="damped") to float rounding, written as the run was.
 VARIANTS = {
   "lordo_int8_overlap": (
     "lordo",

@@ -283,8 +283,8 @@ def diloco(
     first_moment_every=None,
     second_moment_every=None,
   )
-  if overlap == "round" and delay_correction == "none":
+  if overlap == "round" and delay_correction is not None:
     overlap_lib.warn_if_unstable(
-      who, merge or "eager", outer_learning_rate, outer_momentum, nesterov
+      who, merge or "eager", delay_correction, outer_learning_rate, outer_momentum, nesterov
     )
   return tx

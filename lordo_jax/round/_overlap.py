@@ -32,7 +32,10 @@ WINDOW_MERGES = ("rebase", "streaming")  # overlap=tau < K, and "round" (tau = K
 MERGES = ("eager", "delayed", *WINDOW_MERGES)  # overlap="round"
 # overlap="round" with merge "eager" or "delayed": how the outer step corrects for the
 # delay (MATH.md §9, the delay-corrected outer step); None chooses (correction_of).
-CORRECTIONS = ("none", "step", "staleness")
+CORRECTIONS = ("none", "step", "staleness", "damped")
+# delay_correction="damped": the direction's scale from two workers on (MATH.md §9), the
+# averaging outer's best rate with a round in flight (the overlap guide).
+DAMPED_SCALE = 0.7
 CORRECTED_MERGES = ("eager", "delayed")
 PHASES = ("send", "local")  # update(..., overlap_phase=...): a static value
 # The named scope of the message's collectives (send_chunk): their op_name in the
@@ -230,14 +233,17 @@ def correction_scales(correction: str, merge: str, workers: int) -> tuple[float,
   ``"step"``: :math:`f = g = s = 1 / (1 + \sqrt{1 - w})^2`, the outer step that
   critically damps the mean recursion :math:`e' = e - c((1 - w) e_\text{old} + w e)` at
   :math:`c = 1` (1 with one worker eager; 1/4 delayed); ``"staleness"``: :math:`f = 1`,
-  :math:`g = (1 - w) / 4`, the stale part alone scaled to the same damping; ``"none"``:
-  ``(1, 1)``."""
+  :math:`g = (1 - w) / 4`, the stale part alone scaled to the same damping; ``"damped"``:
+  :math:`f = g =` :data:`DAMPED_SCALE` (1 with one worker eager), the averaging outer's
+  step shortened; ``"none"``: ``(1, 1)``."""
   w = 1.0 / workers if merge == "eager" else 0.0
   if correction == "step":
     s = 1.0 / (1.0 + math.sqrt(1.0 - w)) ** 2
     return s, s
   if correction == "staleness":
     return 1.0, (1.0 - w) / 4.0
+  if correction == "damped" and w < 1.0:
+    return DAMPED_SCALE, DAMPED_SCALE
   return 1.0, 1.0
 
 
@@ -249,6 +255,8 @@ def _direction(parts: RoundParts, averaged, delta, frozen, workers: int):
   f, g = correction_scales(parts.delay_correction, parts.merge, workers)
   if parts.merge == "eager" and (f, g) == (1.0, 1.0):
     return jax.tree.map(lambda b, d, o: b + (d - o) / workers, averaged, delta, frozen)
+  if parts.merge == "eager" and f == g:
+    return jax.tree.map(lambda b, d, o: f * (b + (d - o) / workers), averaged, delta, frozen)
   if parts.merge == "eager":
     return jax.tree.map(
       lambda b, d, o: f * (d / workers) + g * (b - o / workers), averaged, delta, frozen
@@ -262,12 +270,18 @@ def correction_of(r, outer_optimizer) -> str:
   """The delay correction a round with the options ``r`` and ``outer_optimizer`` takes:
   ``r.delay_correction``, or (``None``) for a whole round merged eager or delayed
   ``"staleness"`` with an outer optimizer given (a momentum outer, DiLoCo's, grows with a
-  mean a round late) and ``"none"`` with the averaging outer (``None``), whose mean
-  recursion has spectral radius at most 1 at every M (MATH.md §9); else ``"none"``."""
+  mean a round late), and with the averaging outer (``None``), whose mean recursion has
+  spectral radius at most 1 at every M (MATH.md §9), ``"damped"`` eager (its fast
+  directions damped, its slow ones kept near their pace) and ``"none"`` delayed; else
+  ``"none"``."""
   if r.delay_correction is not None:
     return r.delay_correction
-  corrected = r.overlap == "round" and merge_of(r) in CORRECTED_MERGES
-  return "staleness" if corrected and outer_optimizer is not None else "none"
+  merge = merge_of(r)
+  if r.overlap != "round" or merge not in CORRECTED_MERGES:
+    return "none"
+  if outer_optimizer is not None:
+    return "staleness"
+  return "damped" if merge == "eager" else "none"
 
 
 def mean_radius(rate: float, momentum: float, nesterov: bool, fresh: float, stale: float) -> float:
@@ -285,22 +299,26 @@ def mean_radius(rate: float, momentum: float, nesterov: bool, fresh: float, stal
   return worst
 
 
-def warn_if_unstable(name: str, merge: str, rate: float, momentum: float, nesterov: bool) -> None:
-  """A warning where an outer ``optax.sgd(rate, momentum, nesterov)`` taken as it is
-  (``delay_correction="none"``) with a whole round merged eager or delayed makes the
-  round's mean recursion grow at some worker count (:func:`mean_radius` of the delayed
-  mean, the limit of eager at many workers, at or above 1), naming the stable setting."""
+def warn_if_unstable(
+  name: str, merge: str, correction: str, rate: float, momentum: float, nesterov: bool
+) -> None:
+  """A warning where an outer ``optax.sgd(rate, momentum, nesterov)`` with a whole round
+  merged eager or delayed and ``delay_correction=correction`` makes the round's mean
+  recursion grow at some worker count (:func:`mean_radius` of the delayed mean, the limit
+  of eager at many workers, scaled as ``correction`` scales it, at or above 1), naming the
+  stable setting."""
   if merge not in CORRECTED_MERGES:
     return
-  radius = mean_radius(rate, momentum, nesterov, 0.0, 1.0)
+  _, stale = correction_scales(correction, "delayed", 1)
+  radius = mean_radius(rate, momentum, nesterov, 0.0, stale)
   if radius < 1.0:
     return
   checks.warn(
     f"{name}: outer_learning_rate={rate!r}, outer_momentum={momentum!r} with "
-    f"overlap='round', merge={merge!r} and delay_correction='none' is unstable with a "
-    f"mean that lands a round late: the round's mean recursion has spectral radius up to "
-    f"{radius:.2f} at many workers (MATH.md §9), and training can diverge (it does at 8 "
-    "workers whose data differ). Use delay_correction='staleness' (the default) or "
+    f"overlap='round', merge={merge!r} and delay_correction={correction!r} is unstable "
+    f"with a mean that lands a round late: the round's mean recursion has spectral radius "
+    f"up to {radius:.2f} at many workers (MATH.md §9), and training can diverge (it does "
+    "at 8 workers whose data differ). Use delay_correction='staleness' (the default) or "
     "'step', which keep this outer optimizer stable at any worker count."
   )
 

@@ -87,9 +87,9 @@ class RoundOptions:
     'default with an int ``overlap``) or ``"streaming"`` (Streaming DiLoCo: mixed with '
     "``merge_alpha``). With a whole round in flight the outer optimizer matters: a mean "
     "that lands a round late corrects less of each round than a blocking sync, so LoRDO "
-    "trains best eager with a smaller outer step (``outer_optimizer=optax.sgd(0.7)``) "
-    "and DiLoCo with ``merge='rebase'`` at its own outer optimizer, which extrapolates "
-    "the late mean (measured in `the overlap guide "
+    "trains best eager with a shorter outer step (its default there, "
+    "``delay_correction=\"damped\"``) and DiLoCo with ``merge='rebase'`` at its own outer "
+    "optimizer, which extrapolates the late mean (measured in `the overlap guide "
     "<../guides/overlap.html#the-outer-optimizer-for-a-round-in-flight>`__).",
     None,
   )
@@ -100,11 +100,13 @@ class RoundOptions:
     "takes, the others' pseudo-gradients a round old, by :math:`(1 - w) / 4` "
     '(:math:`w = 1/M` eager, 0 delayed); ``"step"`` scales the whole direction by '
     ":math:`1 / (1 + \\sqrt{1 - w})^2`; each critically damps the round's mean "
-    "recursion at a full outer step, and with one worker eager each is the blocking "
-    'round. ``"none"`` takes the outer optimizer as it is (DiLoCo\'s Nesterov outer '
-    'diverges with it at four or more workers). ``None`` (default): ``"staleness"`` '
-    'with an outer optimizer given (DiLoCo\'s), ``"none"`` with the averaging outer, '
-    "which stays stable at any M.",
+    'recursion at a full outer step; ``"damped"`` scales the whole direction by 0.7 '
+    "from two workers on, which damps the averaging outer's fast directions and keeps its "
+    "slow ones near their pace. With one worker eager each is the blocking round. "
+    '``"none"`` takes the outer optimizer as it is (DiLoCo\'s Nesterov outer diverges '
+    'with it at four or more workers). ``None`` (default): ``"staleness"`` with an outer '
+    'optimizer given (DiLoCo\'s); with the averaging outer ``"damped"`` eager and '
+    '``"none"`` delayed.',
     None,
   )
   merge_alpha: float = keywords.option(

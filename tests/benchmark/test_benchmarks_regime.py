@@ -450,7 +450,7 @@ def test_the_outer_study_takes_its_later_steps_from_the_earlier_ones():
     if r["outer_learning_rate"] == 1.0
   ]
   assert corrected["vs_blocking"] == pytest.approx(0.25)  # 2.5 against 2.0
-  # Every seed at the targets' M: blocking, the library's default, today's best.
+  # Every seed at the targets' M: blocking, each method's own outer, today's best.
   assert {r.workers for r in seeded} == set(overlap_outer.SEEDED_WORKERS)
   assert overlap_outer.Row("diloco", "eager", (0.7, 0.9), 8, "staleness") in seeded
   assert overlap_outer.Row("lordo", "eager", (1.0, 0.0), 2, "none") in seeded

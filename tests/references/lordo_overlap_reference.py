@@ -30,20 +30,23 @@ class Overlap:
   tau: int | str  # an int in [1, K), or "round"
   merge: str  # "rebase" | "streaming" (tau < K); "eager" | "delayed" ("round")
   merge_alpha: float = 0.0
-  delay_correction: str = "none"  # "round", eager or delayed: "none" | "step" | "staleness"
+  delay_correction: str = "none"  # "round", eager or delayed: "none" | "step" | ...
 
 
 def delay_weights(overlap: Overlap, workers: int) -> tuple[float, float]:
   """(f, g): eager lands f D_new / M + g (Dbar - D_old / M), delayed g Dbar (MATH.md §9).
   The mean error's recursion e' = e - c((1 - w) e_old + w e), w = 1/M eager, 0 delayed,
   is critically damped at c = 1 by the step c = 1 / (1 + sqrt(1 - w))^2 ("step": both
-  parts scaled by it) or by the stale part scaled by (1 - w) / 4 ("staleness")."""
+  parts scaled by it) or by the stale part scaled by (1 - w) / 4 ("staleness");
+  "damped" scales both parts by 0.7 unless one worker lands eager (w = 1)."""
   w = 1.0 / workers if overlap.merge == "eager" else 0.0
   if overlap.delay_correction == "step":
     c = 1.0 / (1.0 + np.sqrt(1.0 - w)) ** 2
     return c, c
   if overlap.delay_correction == "staleness":
     return 1.0, (1.0 - w) / 4.0
+  if overlap.delay_correction == "damped" and w < 1.0:
+    return 0.7, 0.7
   return 1.0, 1.0
 
 

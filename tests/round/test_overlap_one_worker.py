@@ -75,8 +75,11 @@ def test_eager_and_rebase_with_one_worker_are_the_blocking_round(method, merge):
       )
 
 
-@pytest.mark.parametrize("correction", ["step", "staleness"])
-@pytest.mark.parametrize("method", ["diloco", "lordo"])
+# "damped" is the averaging outer's (LoRDO's default eager): DiLoCo's Nesterov outer warns.
+CORRECTED_CASES = [(m, c) for m in ("diloco", "lordo") for c in ("step", "staleness")]
+
+
+@pytest.mark.parametrize("method, correction", [*CORRECTED_CASES, ("lordo", "damped")])
 def test_a_corrected_eager_round_with_one_worker_is_the_blocking_round(method, correction):
   """Each delay correction (MATH.md §9) leaves one worker's eager round as it was: the
   step's scale is 1 and the stale part, the mean minus the worker's own message, is
