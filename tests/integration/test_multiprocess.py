@@ -1,10 +1,9 @@
-"""Multi-process runs on JAX's distributed runtime give the single-process result.
+"""The launcher of multi-process runs, ``examples/launch_multiprocess.py``: it kills every
+process it started when one fails or the time runs out, and its processes die with it.
 
-The job (``examples/multiprocess_job.py``) runs LoRDO on 8 workers, once as
-2 processes x 4 CPU devices (collectives through gloo, coordinator on 127.0.0.1) and
-once as 1 process x 8 devices, both launched as subprocesses by
-``examples/launch_multiprocess.py``, which kills every process it started when one
-fails or the time runs out.
+That 2 processes x 4 CPU devices (collectives through gloo, coordinator on 127.0.0.1)
+train what 1 process x 8 devices trains, and that a checkpoint of the first restores
+on the second: ``test_multiprocess_remap.py``, whose saves are those two runs.
 """
 
 import contextlib
@@ -15,7 +14,6 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 import pytest
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
@@ -25,42 +23,7 @@ import launch_multiprocess  # noqa: E402
 
 pytestmark = pytest.mark.timeout(150, method="thread")
 
-STEPS, SYNC_EVERY = 24, 4  # 6 syncs, the last one ending the run
-
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-  """The 2 x 4 run (saving a checkpoint), then the 1 x 8 run (also restoring it)."""
-  root = tmp_path_factory.mktemp("multiprocess")
-  job = (f"--steps={STEPS}", f"--sync-every={SYNC_EVERY}")
-  multi = launch_multiprocess.launch(
-    2, 4, root / "multi", job_args=(*job, f"--checkpoint-dir={root / 'ckpt'}"), timeout=75
-  )
-  single = launch_multiprocess.launch(
-    1, 8, root / "single", job_args=(*job, f"--restore-from={root / 'ckpt'}"), timeout=45
-  )
-  return multi, single
-
-
-def test_two_processes_train_the_parameters_of_one(runs):
-  multi, single = runs
-  assert (multi["processes"], multi["workers"]) == (2, 8)
-  assert (single["processes"], single["workers"]) == (1, 8)
-  assert multi["params"].keys() == single["params"].keys() == {"w1", "b1", "w2"}
-  for name, value in multi["params"].items():
-    assert value.shape[0] == 8  # every worker's copy
-    np.testing.assert_allclose(value, single["params"][name], rtol=0, atol=1e-6, err_msg=name)
-    # The run ends on a sync: the 8 workers, 4 in each process, hold one value.
-    np.testing.assert_allclose(value, np.broadcast_to(value[0], value.shape), rtol=0, atol=1e-6)
-  np.testing.assert_allclose(multi["losses"], single["losses"], rtol=1e-5)
-  assert multi["losses"][-1] < 0.8 * multi["losses"][0]  # it trained
-  assert multi["communicated_bytes"] == single["communicated_bytes"] > 0
-
-
-def test_a_multi_process_checkpoint_restores_on_one_process(runs):
-  multi, single = runs
-  for name, value in multi["params"].items():
-    np.testing.assert_array_equal(single["restored"][name], value, err_msg=name)
+STEPS = 24
 
 
 def test_launcher_kills_every_process_when_the_job_fails(tmp_path):

@@ -1,7 +1,11 @@
-"""A run saved on 8 workers resumes on 4, across processes (``remap_workers``).
+"""Multi-process runs on JAX's distributed runtime: 2 processes train what 1 trains, and a
+run saved on 8 workers resumes on 4, across processes (``remap_workers``).
 
 ``examples/multiprocess_job.py`` trains LoRDO on 8 workers to a round boundary and
-saves, once as 2 processes x 4 devices and once as 1 process x 8; ``--resume-from``
+saves, once as 2 processes x 4 devices (collectives through gloo, coordinator on
+127.0.0.1) and once as 1 process x 8, which also restores the first's checkpoint
+(``--restore-from``): the two give one result, and the checkpoint the two processes
+wrote restores in one. ``--resume-from``
 continues the first on 1 process x 4 devices and the second on 2 processes x 2 devices
 (the restored arrays span both processes: remap_workers gathers them). The state each
 process continues from must be, bit for bit, the checkpoint restored onto one device
@@ -38,6 +42,7 @@ def runs(tmp_path_factory):
   root = tmp_path_factory.mktemp("multiprocess_remap")
   save = (f"--steps={SAVED_AT}", f"--sync-every={SYNC_EVERY}")
   resume = (f"--steps={RESUMED_TO}", f"--sync-every={SYNC_EVERY}")
+  restore = (f"--restore-from={root / 'two'}",)  # The 2-process save, restored in one.
 
   def job(processes, devices, out, *args, timeout):
     return launch_multiprocess.launch(
@@ -46,7 +51,7 @@ def runs(tmp_path_factory):
 
   saved = {  # keyed by the processes that saved
     2: job(2, 4, "save_2x4", *save, f"--checkpoint-dir={root / 'two'}", timeout=75),
-    1: job(1, 8, "save_1x8", *save, f"--checkpoint-dir={root / 'one'}", timeout=45),
+    1: job(1, 8, "save_1x8", *save, f"--checkpoint-dir={root / 'one'}", *restore, timeout=45),
   }
   resumed = {  # keyed by the processes that saved
     2: job(1, 4, "two_on_1x4", *resume, f"--resume-from={root / 'two'}", timeout=45),
@@ -94,6 +99,28 @@ def assert_resumed(run: dict, processes: int) -> None:
     np.testing.assert_allclose(value, np.broadcast_to(value[0], value.shape), rtol=0, atol=1e-6)
 
 
+def test_two_processes_train_the_parameters_of_one(runs):
+  _, saved, _ = runs
+  multi, single = saved[2], saved[1]
+  assert (multi["processes"], multi["workers"]) == (2, SAVED)
+  assert (single["processes"], single["workers"]) == (1, SAVED)
+  assert multi["params"].keys() == single["params"].keys() == NAMES
+  for name, value in multi["params"].items():
+    assert value.shape[0] == SAVED  # every worker's copy
+    np.testing.assert_allclose(value, single["params"][name], rtol=0, atol=1e-6, err_msg=name)
+    # The run ends on a sync: the 8 workers, 4 in each process, hold one value.
+    np.testing.assert_allclose(value, np.broadcast_to(value[0], value.shape), rtol=0, atol=1e-6)
+  np.testing.assert_allclose(multi["losses"], single["losses"], rtol=1e-5)
+  assert multi["losses"][-1] < 0.8 * multi["losses"][0]  # it trained
+  assert multi["communicated_bytes"] == single["communicated_bytes"] > 0
+
+
+def test_a_multi_process_checkpoint_restores_on_one_process(runs):
+  _, saved, _ = runs
+  for name, value in saved[2]["params"].items():
+    np.testing.assert_array_equal(saved[1]["restored"][name], value, err_msg=name)
+
+
 @pytest.mark.parametrize("saved_on", [2, 1], ids=["2x4_on_1x4", "1x8_on_2x2"])
 def test_every_process_continues_from_the_checkpoint_remapped_in_one_process(runs, saved_on):
   root, saved, resumed = runs
@@ -114,8 +141,8 @@ def test_every_process_continues_from_the_checkpoint_remapped_in_one_process(run
 
 def test_a_two_process_save_continues_on_one_process(runs):
   """Its continuation is the 1-process save's continued on 2 processes: the two saves
-  trained the same 8 workers up to the order of gloo's sums (1e-6, as in
-  test_multiprocess.py), and each continuation starts from its save's remap (bit for
+  trained the same 8 workers up to the order of gloo's sums (1e-6, as
+  above), and each continuation starts from its save's remap (bit for
   bit, above); only the 4 workers' sums then cross the processes in another order."""
   _, saved, resumed = runs
   run = resumed[2]

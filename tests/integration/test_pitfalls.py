@@ -136,11 +136,12 @@ def test_axis_name_none_inside_a_worker_map_is_refused(wrap):
 
 
 def test_axis_name_none_under_vmap_is_one_worker_per_model():
-  """vmap (an ensemble of models) binds no manual axis: accepted, as before."""
+  """vmap (an ensemble of models) binds no manual axis: accepted, as before. (Each
+  program jitted: the check reads the trace's axes, op by op or compiled alike.)"""
   tx = lordo_jax.lordo(1e-2, rank=2, sync_every=2)
   stacked = (workers_lib.stack(PARAMS, 3), workers_lib.stack(tx.init(PARAMS), 3))
-  updates, _ = jax.vmap(lambda p, s: tx.update(p, s, p))(*stacked)
-  single, _ = tx.update(PARAMS, tx.init(PARAMS), PARAMS)
+  updates, _ = jax.jit(jax.vmap(lambda p, s: tx.update(p, s, p)))(*stacked)
+  single, _ = jax.jit(tx.update)(PARAMS, tx.init(PARAMS), PARAMS)
   np.testing.assert_allclose(updates["w"][1], single["w"], rtol=1e-6, atol=1e-7)
 
 
@@ -222,6 +223,7 @@ def test_step_count_reads_the_one_count_tree_get_cannot(make):
   state = tx.init(PARAMS)
   with pytest.raises(KeyError, match="multiple values for 'count'"):
     optax.tree_utils.tree_get(state, "count")
+  update = jax.jit(tx.update)
   for _ in range(3):
-    _, state = tx.update(PARAMS, state, PARAMS)
+    _, state = update(PARAMS, state, PARAMS)
   assert int(lordo_jax.step_count(state)) == 3

@@ -3,9 +3,9 @@
 ``two_sided_reference`` is written from the math in its docstring, sharing no code
 with the package. LoRDO and low-rank DDP run on 4 workers with different data
 (float32, one jitted ``shard_map`` step) beside the float64 reference; parameters
-and both bases must agree to 1e-4. The randomized SVD is checked on its own: exact
-on a matrix whose rank fits the sketch, closer with power iterations otherwise,
-and, averaged over workers, equal to the sketch of the mean.
+and both bases must agree to 1e-4. The randomized SVD is checked against its float64
+algorithm, and its workers' averaged sketches against the sketch of their mean, in
+``test_basis_two_sided_randomized_svd.py``.
 """
 
 import dataclasses
@@ -147,58 +147,6 @@ def test_low_rank_ddp_two_sided_matches_the_reference(communicate):
 
 
 # --- the randomized SVD refresh
-
-
-def _matrix(p, q, singular_values, seed):
-  rng = np.random.default_rng(seed)
-  u = np.linalg.qr(rng.standard_normal((p, len(singular_values))))[0]
-  v = np.linalg.qr(rng.standard_normal((q, len(singular_values))))[0]
-  return jnp.asarray((u * np.asarray(singular_values)) @ v.T, jnp.float32)
-
-
-def _largest_angle(a, b):
-  return float(jnp.max(lordo_jax.principal_angles(a, b)))
-
-
-def test_randomized_svd_is_exact_when_the_rank_fits_the_sketch():
-  x = _matrix(40, 30, [5.0, 3.0, 2.0, 1.0, 0.5, 0.25], seed=0)  # rank 6 = r + oversample
-  (got,), _ = two_sided.randomized_bases(
-    [x], 2, [jax.random.key(1)], oversample=4, power_iterations=0
-  )
-  want = two_sided.svd_basis(x, 2)
-  np.testing.assert_allclose(got.left, want.left, atol=1e-5)
-  np.testing.assert_allclose(got.right, want.right, atol=1e-5)
-
-
-def test_power_iterations_bring_the_randomized_bases_to_the_svd():
-  x = _matrix(60, 50, 1.0 / np.arange(1, 51) ** 0.5, seed=1)  # full rank, slow decay
-  want = two_sided.svd_basis(x, 3)
-  angles = []
-  for k in (0, 2):
-    (got,), _ = two_sided.randomized_bases(
-      [x], 3, [jax.random.key(2)], oversample=4, power_iterations=k
-    )
-    angles.append(max(_largest_angle(got.left, want.left), _largest_angle(got.right, want.right)))
-  assert angles[1] < 0.5 * angles[0], angles
-
-
-def test_averaging_the_sketches_equals_the_sketch_of_the_mean():
-  """What each worker sends (its products with the sketch) averages to the mean's."""
-  xs = [_matrix(20, 16, [4.0, 2.0, 1.0, 0.6, 0.3], seed=s) for s in range(3)]
-  mean_matrix = sum(xs) / 3
-  keys = [jax.random.key(3)]
-  (want,), _ = two_sided.randomized_bases([mean_matrix], 2, keys, oversample=3, power_iterations=1)
-
-  def per_worker(x):
-    mean = lambda products: [jax.lax.pmean(p, "w") for p in products]  # noqa: E731
-    sketched = dict(oversample=3, power_iterations=1, mean=mean)
-    (basis,), _ = two_sided.randomized_bases([x], 2, keys, **sketched)
-    return basis
-
-  got = jax.vmap(per_worker, axis_name="w")(jnp.stack(xs))
-  for m in range(3):
-    np.testing.assert_allclose(got.left[m], want.left, atol=1e-4)
-    np.testing.assert_allclose(got.right[m], want.right, atol=1e-4)
 
 
 def test_a_non_finite_refresh_keeps_the_old_bases():

@@ -167,15 +167,6 @@ METHODS = pytest.mark.parametrize(
 )
 
 
-@METHODS
-def test_the_chunk_is_a_top_level_collective_of_carried_state(method):
-  text, computed = _compiled_step(method(axis_name=workers.AXIS, overlap="round"))
-  assert hlo.overlappable(text, computed)
-  assert len(hlo.collective_inputs(text)) == 1  # one chunk a step, nothing else sent
-  blocking, computed = _compiled_step(method(axis_name=workers.AXIS))
-  assert not hlo.overlappable(blocking, computed)  # today's round, the control
-
-
 @pytest.mark.parametrize(
   "options, refused",
   [
