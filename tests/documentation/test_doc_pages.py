@@ -5,7 +5,10 @@ interpreter per page (a new one where a block sets the simulated device count, w
 must come before JAX starts): ``tests/helpers/readme_examples.py``. A block that cannot
 run here is marked ``<!-- not run: why -->`` in the Markdown; it still compiles, and the
 marked blocks are listed here, so none is skipped silently. The tests after the first
-read what a page's blocks printed, from the same runs.
+read what a page's blocks printed, from the same runs, and what the test's own code run
+beside a block in its interpreter printed (:data:`PROBES`): the phases the overlap
+guide's steps are given and the programs they compile, the Flax guide's attention recipe
+under warnings that are errors.
 """
 
 import re
@@ -15,8 +18,10 @@ import pytest
 from tests.helpers.readme_examples import NOT_RUN
 from tests.helpers.readme_examples import PAGES
 from tests.helpers.readme_examples import page_blocks
-from tests.helpers.readme_examples import page_outputs
+from tests.helpers.readme_examples import page_outputs as run_page
 from tests.helpers.readme_examples import page_text
+from tests.helpers.readme_examples import probe_outputs
+from tests.helpers.readme_examples import python_blocks
 
 # The sharded-models guide holds state in host memory: without the compilation cache
 # (tests/conftest.py). A page's interpreters run one after another, a few minutes at most.
@@ -31,10 +36,47 @@ NOT_RUN_BLOCKS = {
 }
 
 
+OVERLAP, FLAX = "docs/guides/overlap.md", "docs/guides/flax.md"
+
+
+def number_of(page: str, contains: str) -> int:
+  """The number (from 1) of the one block of ``page`` whose code holds ``contains``."""
+  (number,) = [n for n, (code, _) in enumerate(page_blocks(page), 1) if contains in code]
+  return number
+
+
+# Counts the phases the overlap guide's one-worker step is given.
+COUNT_PHASES = """
+import lordo_jax
+
+phases, phase_of = [], lordo_jax.overlap_phase
+lordo_jax.overlap_phase = lambda *a, **k: phases.append(phase_of(*a, **k)) or phases[-1]
+"""
+PROBES = {
+  OVERLAP: {
+    number_of(OVERLAP, python_blocks(page_text(OVERLAP))[1]): (
+      COUNT_PHASES,
+      "print(phases.count('send'), float(loss_fn(model, batches[0])) < first / 2)",
+    ),
+    number_of(OVERLAP, "jax.shard_map"): ("", "print('programs', train_step._cache_size())"),
+  },
+  FLAX: {
+    number_of(FLAX, "MultiHeadAttention"): (
+      "import warnings\nwarnings.simplefilter('error', UserWarning)",
+      "",
+    ),
+  },
+}
+
+
+def page_outputs(page: str) -> dict[int, str]:
+  """What each block of ``page`` printed, run beside the page's :data:`PROBES`."""
+  return run_page(page, PROBES.get(page))
+
+
 def output(page: str, contains: str) -> str:
   """What the one block of ``page`` whose code holds ``contains`` printed."""
-  (number,) = [n for n, (code, _) in enumerate(page_blocks(page), 1) if contains in code]
-  return page_outputs(page)[number]
+  return page_outputs(page)[number_of(page, contains)]
 
 
 def flat(page: str) -> str:
@@ -169,9 +211,35 @@ def test_accelerators_example_compiles_its_local_steps_without_the_round():
 
 
 def test_the_overlap_guides_one_worker_step_learns_as_its_text_says():
-  page = "docs/guides/overlap.md"
+  page = OVERLAP
   printed = output(page, "overlap=2)\noptimizer = nnx.Optimizer")
   assert (
     printed.strip() == "loss 5.991 -> 1.631"
     and "It prints `loss 5.991 -> 1.631`" in page_text(page)
   )
+
+
+def test_the_overlap_guides_one_worker_step_is_given_its_phases():
+  """40 steps, K = 16, tau = 2: the steps numbered 16, 17, 32 and 33 send a chunk (a
+  wrong phase costs bytes, never numbers: only the count shows it); the loss halves."""
+  number = number_of(OVERLAP, python_blocks(page_text(OVERLAP))[1])
+  assert probe_outputs(OVERLAP, PROBES[OVERLAP])[number].split() == ["4", "True"]
+
+
+def test_the_overlap_guides_shard_map_step_sends_what_the_text_says():
+  """The step with a static phase inside ``jax.shard_map`` on 4 workers, bfloat16
+  parameters: one program per phase (the state stacked as the step returns it), the
+  loss falls, and it sends the bytes it quotes."""
+  number = number_of(OVERLAP, "jax.shard_map")
+  lines = page_outputs(OVERLAP)[number].splitlines()
+  first, last = (re.search(r"loss ([\d.]+), sent ([\d,]+) bytes", x) for x in lines)
+  assert float(last.group(1)) < float(first.group(1)) / 4
+  assert (first.group(2), last.group(2)) == ("256", "1,648")  # 256 + 3 x (2 x 136 + 4 x 48)
+  assert "`step 31: loss 0.377, sent 1,648 bytes per worker`" in page_text(OVERLAP)
+  assert probe_outputs(OVERLAP, PROBES[OVERLAP])[number].split() == ["programs", "2"]
+
+
+def test_the_flax_attention_recipe_labels_every_kernel_without_a_warning():
+  """Run with warnings as errors (its probe): every kernel gets a basis, no warning."""
+  assert "bases: query (32, 4), out (32, 4)" in output(FLAX, "MultiHeadAttention")
+  assert "It prints `bases: query (32, 4), out (32, 4)`" in page_text(FLAX)

@@ -120,45 +120,70 @@ def sessions(path: str) -> list[list[tuple[int, str]]]:
 
 _SESSION = """
 import json, sys
-page, blocks = json.load(sys.stdin)
+page, blocks, probes = json.load(sys.stdin)
+probes = {number: (before, after) for number, before, after in probes}
 scope = {"__name__": "__main__"}
 for number, code in blocks:
+  before, after = probes.get(number, ("", ""))
+  print(f"\\x1eprobe {number}", flush=True)
+  exec(compile(before, f"{page}, before block {number}", "exec"), scope)
   print(f"\\x1eblock {number}", flush=True)
   exec(compile(code, f"{page}, block {number}", "exec"), scope)
+  print(f"\\x1eprobe {number}", flush=True)
+  exec(compile(after, f"{page}, after block {number}", "exec"), scope)
 """
 
+# A test's own code run beside a page's block, in its interpreter: block number -> (code
+# run just before the block, code run just after it).
+Probes = dict[int, tuple[str, str]]
 
-_SESSIONS_RUN: dict[tuple, dict[int, str]] = {}
+_SESSIONS_RUN: dict[tuple, tuple[dict[int, str], dict[int, str]]] = {}
 
 
-def _session_outputs(blocks: tuple[tuple[int, str], ...], name: str, timeout: float) -> dict:
-  """One interpreter running ``blocks`` of the page ``name`` in order: each block's
-  stdout, by its number. The same blocks on two pages (the README's example opens three)
-  run once."""
-  if blocks in _SESSIONS_RUN:
-    return _SESSIONS_RUN[blocks]
+def _session_outputs(blocks: tuple[tuple[int, str], ...], name: str, probes: tuple, timeout: float):
+  """One interpreter running ``blocks`` of the page ``name`` in order, each between its
+  ``probes``: what each block printed and what its probes printed, by block number. The
+  same blocks and probes on two pages (the README's example opens three) run once."""
+  key = (blocks, probes)
+  if key in _SESSIONS_RUN:
+    return _SESSIONS_RUN[key]
   result = subprocess.run(
     [sys.executable, "-c", _SESSION],
-    input=json.dumps([name, blocks]),
+    input=json.dumps([name, blocks, probes]),
     capture_output=True,
     text=True,
     timeout=timeout,
     cwd=ROOT,
   )
   assert result.returncode == 0, f"{name}:\n{result.stderr[-3000:]}"
-  outputs = {}
-  for part in result.stdout.split("\x1eblock ")[1:]:
-    number, _, printed = part.partition("\n")
-    outputs[int(number)] = printed
-  _SESSIONS_RUN[blocks] = outputs
-  return outputs
+  printed = {"block": {}, "probe": {}}
+  for part in result.stdout.split("\x1e")[1:]:
+    head, _, text = part.partition("\n")
+    kind, number = head.split()
+    printed[kind][int(number)] = printed[kind].get(int(number), "") + text
+  _SESSIONS_RUN[key] = printed["block"], printed["probe"]
+  return _SESSIONS_RUN[key]
 
 
-def page_outputs(path: str, timeout: float = 600) -> dict[int, str]:
-  """Every block of the page that runs, run in page order (:func:`sessions`): the stdout
-  of each, by block number. A block that fails fails the call, naming its page and
-  block in the traceback."""
-  outputs = {}
+def _page_run(path: str, probes: Probes | None, timeout: float):
+  outputs, probed = {}, {}
   for blocks in sessions(path):
-    outputs |= _session_outputs(tuple(map(tuple, blocks)), path, timeout)
-  return outputs
+    numbers = {number for number, _ in blocks}
+    mine = tuple((n, *code) for n, code in sorted((probes or {}).items()) if n in numbers)
+    got, got_probes = _session_outputs(tuple(map(tuple, blocks)), path, mine, timeout)
+    outputs |= got
+    probed |= got_probes
+  return outputs, probed
+
+
+def page_outputs(path: str, probes: Probes | None = None, timeout: float = 600) -> dict[int, str]:
+  """Every block of the page that runs, run in page order (:func:`sessions`), each between
+  its ``probes``: the stdout of each block, by block number. A block that fails fails the
+  call, naming its page and block in the traceback."""
+  return _page_run(path, probes, timeout)[0]
+
+
+def probe_outputs(path: str, probes: Probes, timeout: float = 600) -> dict[int, str]:
+  """What the ``probes`` of :func:`page_outputs`'s run printed (both of a block's, in
+  order), by block number; the same run as ``page_outputs(path, probes)``."""
+  return _page_run(path, probes, timeout)[1]
