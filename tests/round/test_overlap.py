@@ -240,10 +240,9 @@ def _phase_of(tau):
 
 
 @pytest.mark.parametrize("tau", [1, 2])
-@pytest.mark.parametrize("merge", ["rebase", "streaming"])
-def test_the_static_phase_gives_the_traced_paths_numbers(tau, merge):
-  # Rebase is the window's default merge: the traced run is the reference's above.
-  options = {"merge": merge, "merge_alpha": 0.5} if merge == "streaming" else {}
+def test_the_static_phase_gives_the_traced_paths_numbers(tau):
+  """The streaming merge's; the window's default (rebase): test_overlap_fragments.py."""
+  options = {"merge": "streaming", "merge_alpha": 0.5}
   tx = lordo_jax.local_adam(LR, sync_every=K, axis_name=workers.AXIS, overlap=tau, **options)
   traced, traced_state = traced_run("local_adam", overlap=tau, **options)
   static, static_state = library_run(tx, _phase_of(tau))
@@ -350,7 +349,8 @@ def test_compressed_chunks_are_top_level_collectives_of_carried_state(method, ov
   assert "all-reduce" not in text
 
 
-@pytest.mark.parametrize("overlap, merge", [("round", "eager"), (2, "rebase")])
+# A window's (tau = 2, rebase): matched exactly by test_overlap_compressed_reference.py.
+@pytest.mark.parametrize("overlap, merge", [("round", "eager")])
 def test_int8_chunks_with_bfloat16_moments_stay_near_the_reference(overlap, merge):
   tx = lordo_jax.local_adam(
     LR, sync_every=K, axis_name=workers.AXIS, overlap=overlap, merge=merge, compression="int8"
