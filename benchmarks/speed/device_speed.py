@@ -2,7 +2,8 @@ r"""LoRDO's speed on the device JAX runs on: the optimizer step alone and the LM
 
     python benchmarks/speed/device_speed.py           # GPT-2 small's shapes; the LM at --lm
     python benchmarks/speed/device_speed.py --quick   # tiny shapes, the LM's tiny preset: ~1 min
-                                                      # (the round-phase rows in the first dtype)
+                                                      # (bfloat16 in the optimizer section only,
+                                                      # the round-phase rows in the first dtype)
     PYTHONPATH=. python benchmarks/speed/device_speed.py --sections optimizer,lm \
       --dtypes float32,bfloat16 --out DIR       # on a GPU (jax, optax and flax suffice)
 
@@ -438,12 +439,10 @@ def one_worker_mesh() -> jax.sharding.Mesh:
   return jax.make_mesh((1, 1), (train.AXIS, train.DATA_AXIS), devices=jax.devices()[:1])
 
 
-def lm_step(method, projection, config, apply, params, dataset, period: int) -> Candidate:
-  """``method``'s training step of ``examples/lm`` on one worker, compiled once (twice
-  for :data:`PHASED`: its local and boundary programs, the second at its first use)."""
-  phased = method == PHASED
-  method = "lordo" if phased else method
-  tx = optimizers.get_optimizer(
+def lm_optimizer(method: str, projection, config: model.ModelConfig, period: int):
+  """The optimizer :func:`lm_step` trains ``method`` (``"lordo"`` for :data:`PHASED`)
+  with."""
+  return optimizers.get_optimizer(
     method,
     learning_rate=LM_LEARNING_RATE,
     axis_name=train.AXIS,
@@ -452,6 +451,14 @@ def lm_step(method, projection, config, apply, params, dataset, period: int) -> 
     refresh_every=period,
     extra_options=None if projection is None else {"projection": projection},
   )
+
+
+def lm_step(method, projection, config, apply, params, dataset, period: int) -> Candidate:
+  """``method``'s training step of ``examples/lm`` on one worker, compiled once (twice
+  for :data:`PHASED`: its local and boundary programs, the second at its first use)."""
+  phased = method == PHASED
+  method = "lordo" if phased else method
+  tx = lm_optimizer(method, projection, config, period)
   mesh = one_worker_mesh()
   worker = NamedSharding(mesh, P(train.AXIS))
   carry = [jax.device_put(train.stack(x, 1), worker) for x in (params, tx.init(params))]
@@ -529,6 +536,14 @@ def rows_of(candidates: dict, section: str, dtype: str, period: int) -> list[dic
       }
     )
   return rows
+
+
+def section_dtypes(section: str, args) -> list[str]:
+  """The dtypes ``section`` is measured in: every one of ``--dtypes``; with ``--quick``
+  the refresh and the LM in the first only (each program compiled costs the suite that
+  runs the quick mode), the optimizer section in every one (its bfloat16 rows, offloaded
+  and not, are the states the float32 ones are compared with)."""
+  return args.dtypes if not args.quick or section == "optimizer" else args.dtypes[:1]
 
 
 def measure(section: str, dtype: str, args, settings: dict) -> tuple[list[dict], dict]:
@@ -734,12 +749,10 @@ def write(args, record: dict) -> None:
   """Writes the JSON and markdown of ``record``: silently after each section and dtype
   (a run stopped by a time limit keeps what it measured), printed once complete."""
   notes = notes_of(args, record)
-  done = len(record["blocks"]) == len(args.sections) * len(args.dtypes)
+  blocks = sum(len(section_dtypes(section, args)) for section in args.sections)
+  done = len(record["blocks"]) == blocks
   if not done:
-    notes.append(
-      f"Partial: written after {len(record['blocks'])} of "
-      f"{len(args.sections) * len(args.dtypes)} sections and dtypes."
-    )
+    notes.append(f"Partial: written after {len(record['blocks'])} of {blocks} sections and dtypes.")
   info = record["device"]
   with contextlib.redirect_stdout(sys.stdout if done else io.StringIO()):
     studies.write(
@@ -767,7 +780,7 @@ def main(argv=None) -> int:
     "blocks": [],
   }
   for section in args.sections:
-    for dtype in args.dtypes:
+    for dtype in section_dtypes(section, args):
       rows, block = measure(section, dtype, args, settings)
       record["rows"] += rows
       record["blocks"].append(block)
