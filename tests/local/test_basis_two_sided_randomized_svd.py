@@ -185,10 +185,14 @@ def test_bases_of_mean_with_the_identity_are_each_matrix_own_refresh_first_or_no
   ]
   previous = [s.init(jax.random.key(40 + i)) for i, s in enumerate(strategies)]
   bad = matrices[1].at[2, 3].set(jnp.inf)
+  # ``first`` a Python bool, as the round passes it: each case one program.
+  mean = jax.jit(
+    lambda xs, old, first: m.bases_of_mean(strategies, xs, old, keys, first, lambda ys: ys),
+    static_argnums=2,
+  )
+  want, _ = jax.jit(strategies[0].compute)(matrices[0], previous[0], keys[0])
   for first in (True, False):
-    results = m.bases_of_mean(strategies, [matrices[0], bad], previous, keys, first, lambda xs: xs)
-    (basis, ok), (kept, bad_ok) = results
-    want, _ = strategies[0].compute(matrices[0], previous[0], keys[0])
+    (basis, ok), (kept, bad_ok) = mean([matrices[0], bad], previous, first)
     assert bool(ok) and not bool(bad_ok)
     np.testing.assert_allclose(basis.left, want.left, atol=1e-6)
     np.testing.assert_allclose(basis.right, want.right, atol=1e-6)
